@@ -17,7 +17,8 @@ def assert_dense_equals(mask, expected: torch.Tensor) -> None:
     assert dense.dtype == torch.bool
     assert dense.shape == (mask.batch, 1, mask.q_len, mask.kv_len)
     diff = (dense[:, 0] != expected).nonzero()
-    assert diff.numel() == 0, f"{mask.name}: dense differs from reference at (b, q, kv) {diff[:5].tolist()}"
+    where = diff[:5].tolist()
+    assert diff.numel() == 0, f"{mask.name}: dense differs from reference at (b, q, kv) {where}"
 
 
 def assert_matches_create_mask(mask) -> None:

@@ -24,7 +24,8 @@ def test_matches_reference_and_torch(name, data, seq_len, block):
     mask = factory(seq_len, block, valid)
     batch = 1 if valid is None else valid.shape[0]
     rows = None if valid is None else valid.tolist()
-    expected = grid(batch, 2 * seq_len, 2 * seq_len, with_padding(rows, seq_len, ref(seq_len, block)))
+    rule = with_padding(rows, seq_len, ref(seq_len, block))
+    expected = grid(batch, 2 * seq_len, 2 * seq_len, rule)
     full_check(mask, expected, block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))
 
 
