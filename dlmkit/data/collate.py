@@ -1,0 +1,236 @@
+"""The collator: a list of tokenized samples -> one padded (optionally packed) batch of tensors.
+
+Layout of a row (not packed), with ``c`` = content length after the length cap and
+``f`` = ``c`` rounded up to a multiple of ``block_size``:
+
+=============  ================================  =========  ======================  =======
+span           ``input_ids``                     loss_mask  attention_valid         doc_ids
+=============  ================================  =========  ======================  =======
+``[0, c)``     the sample's tokens               sample's   1                       0
+``[c, f)``     EOS (PAD if no EOS): block fill   1          1                       0
+``[f, L)``     PAD                               s          s                       0 / -1
+=============  ================================  =========  ======================  =======
+
+with ``s = supervise_padding``. Every supervised position is also attended, so a model that
+honours ``attention_valid`` never has to predict a token it cannot see as part of the sequence
+(NeMo's collator supervised the EOS fill but masked it out of attention). ``doc_ids`` is -1
+exactly where ``attention_valid`` is 0.
+
+``L`` is the longest row's ``f``, rounded up to a multiple of
+``lcm(block_size, pad_seq_len_divisible)``, then capped by ``max_seq_len``. The cap is rounded
+*down* to a multiple of that same unit at construction, so it can never break block alignment
+(NeMo's cap, applied last, could); content beyond it is dropped and flagged in ``truncated``,
+and ``lengths`` counts only the tokens kept.
+
+With ``pack=True`` several samples share a row (first fit, in order, each sample block-aligned
+with its own EOS fill so no block straddles two documents); ``doc_ids`` numbers them
+``0, 1, ...`` within the row and ``position_ids`` restart at 0 for each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["Collator"]
+
+
+def _opt_int(name: str, value: Any, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be None or an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _ceil_to(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Collator:
+    """Pads, block-aligns, caps and optionally packs SFT samples.
+
+    Args:
+        pad_token_id: id written on padding.
+        eos_token_id: id of the block fill (None: the fill uses ``pad_token_id``).
+        block_size: round each sample up to a multiple of this with a supervised EOS fill
+            (None or 1: no fill).
+        pad_seq_len_divisible: round the batch length up to a multiple of
+            ``lcm(block_size, pad_seq_len_divisible)``.
+        max_seq_len: cap on the batch length, rounded down to a multiple of that lcm (the
+            effective value is ``self.max_seq_len``); must be at least the lcm. Required with
+            ``pack``.
+        supervise_padding: put loss (and attention) on the padding after the fill too.
+        pack: put several samples in one row (up to ``max_seq_len``).
+
+    Each sample is a mapping with ``input_ids`` (list or 1-D tensor of ints, length ``n``),
+    optional ``loss_mask`` (``n`` values in {0, 1}; default all 1) and ``sample_index`` (int,
+    its global index in the dataset, from which per-sample noise seeds are derived).
+
+    Returns (``B`` rows, ``B`` = number of samples, or fewer when packing; ``D`` = most
+    documents in one row, 1 when not packing), all ``torch.long`` except ``truncated``:
+
+    * ``input_ids [B, L]``
+    * ``loss_mask [B, L]``: 1 = supervised (scored) position.
+    * ``attention_valid [B, L]``: 1 = real token (content, block fill, supervised padding).
+    * ``position_ids [B, L]``: 0, 1, ... per row (per document when packed); padding
+      continues the count of the token before it.
+    * ``doc_ids [B, L]``: document number within the row (always 0 when not packed), -1 where
+      ``attention_valid`` is 0. With ``supervise_padding`` the padding belongs to the row's
+      last document.
+    * ``lengths [B]``: content tokens kept in the row (before fill/padding; all documents).
+    * ``sample_index [B]``: the sample's global index; for a packed row, its first document's.
+    * ``doc_sample_index [B, D]``: global index of document ``d`` of each row (-1 where the row
+      has fewer documents); ``doc_sample_index.gather(1, doc_ids.clamp(min=0))`` is the per-
+      token sample index.
+    * ``truncated [B]`` (bool): some content of the row was cut by ``max_seq_len``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pad_token_id: int,
+        eos_token_id: int | None = None,
+        block_size: int | None = None,
+        pad_seq_len_divisible: int | None = None,
+        max_seq_len: int | None = None,
+        supervise_padding: bool = False,
+        pack: bool = False,
+    ) -> None:
+        self.pad_token_id = _opt_int("pad_token_id", pad_token_id, 0)
+        if self.pad_token_id is None:
+            raise ValueError("pad_token_id must be an int >= 0, got None")
+        self.eos_token_id = _opt_int("eos_token_id", eos_token_id, 0)
+        self.block_size = _opt_int("block_size", block_size, 1) or 1
+        self.pad_seq_len_divisible = _opt_int("pad_seq_len_divisible", pad_seq_len_divisible, 1)
+        self.unit = math.lcm(self.block_size, self.pad_seq_len_divisible or 1)
+        requested = _opt_int("max_seq_len", max_seq_len, 1)
+        if requested is not None and requested < self.unit:
+            raise ValueError(
+                f"max_seq_len must be at least lcm(block_size, pad_seq_len_divisible) = "
+                f"{self.unit} so the batch stays aligned, got {requested}"
+            )
+        self.max_seq_len = None if requested is None else requested // self.unit * self.unit
+        if not isinstance(supervise_padding, bool):
+            raise TypeError(f"supervise_padding must be a bool, got {supervise_padding!r}")
+        if not isinstance(pack, bool):
+            raise TypeError(f"pack must be a bool, got {pack!r}")
+        if pack and self.max_seq_len is None:
+            raise ValueError("pack=True needs max_seq_len (the row length to pack up to)")
+        self.supervise_padding = supervise_padding
+        self.pack = pack
+        self.fill_token_id = self.pad_token_id if self.eos_token_id is None else self.eos_token_id
+
+    def __repr__(self) -> str:
+        return (
+            f"Collator(pad_token_id={self.pad_token_id}, eos_token_id={self.eos_token_id}, "
+            f"block_size={self.block_size}, pad_seq_len_divisible={self.pad_seq_len_divisible}, "
+            f"max_seq_len={self.max_seq_len}, supervise_padding={self.supervise_padding}, "
+            f"pack={self.pack})"
+        )
+
+    def _sample(self, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if not isinstance(sample, Mapping):
+            raise TypeError(f"samples[{i}] must be a dict, got {type(sample).__name__}")
+        if "input_ids" not in sample:
+            raise ValueError(f"samples[{i}] has no 'input_ids' (keys: {sorted(sample)})")
+        if "sample_index" not in sample:
+            raise ValueError(
+                f"samples[{i}] has no 'sample_index' (the global index per-sample noise seeds "
+                "come from); SFTDataset provides it"
+            )
+        ids = torch.as_tensor(sample["input_ids"], dtype=torch.long)
+        if ids.dim() != 1:
+            raise ValueError(f"samples[{i}]['input_ids'] must be 1-D, got shape {tuple(ids.shape)}")
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError(f"samples[{i}]['input_ids'] has negative ids ({int(ids.min())})")
+        if sample.get("loss_mask") is None:
+            mask = torch.ones_like(ids)
+        else:
+            mask = torch.as_tensor(sample["loss_mask"], dtype=torch.long)
+            if mask.shape != ids.shape:
+                raise ValueError(
+                    f"samples[{i}]: loss_mask has shape {tuple(mask.shape)} but input_ids has "
+                    f"{tuple(ids.shape)}"
+                )
+            if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+                raise ValueError(f"samples[{i}]['loss_mask'] must hold only 0 and 1")
+        index = sample["sample_index"]
+        if isinstance(index, torch.Tensor):
+            index = index.item()
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"samples[{i}]['sample_index'] must be an int >= 0, got {index!r}")
+        return ids, mask, index
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        if not isinstance(samples, Sequence) or len(samples) == 0:
+            raise ValueError(f"samples must be a non-empty list of dicts, got {samples!r:.80}")
+        parsed = [self._sample(i, s) for i, s in enumerate(samples)]
+        cap = self.max_seq_len
+        bs = self.block_size
+        # One document per (row, kept length, aligned length, ...); rows hold lists of them.
+        docs = []
+        for ids, mask, index in parsed:
+            kept = ids.numel() if cap is None else min(ids.numel(), cap)
+            docs.append((ids[:kept], mask[:kept], index, _ceil_to(kept, bs), kept < ids.numel()))
+        if self.pack:
+            rows: list[list[tuple]] = []
+            used: list[int] = []
+            for doc in docs:
+                r = next((r for r, u in enumerate(used) if u + doc[3] <= cap), None)
+                if r is None:
+                    rows.append([])
+                    used.append(0)
+                    r = len(rows) - 1
+                rows[r].append(doc)
+                used[r] += doc[3]
+        else:
+            rows = [[doc] for doc in docs]
+            used = [doc[3] for doc in docs]
+
+        length = _ceil_to(max(max(used), 1), self.unit)
+        if cap is not None:
+            length = min(length, cap)
+        B, D = len(rows), max(len(r) for r in rows)
+        pad_on = int(self.supervise_padding)
+        input_ids = torch.full((B, length), self.pad_token_id, dtype=torch.long)
+        loss_mask = torch.full((B, length), pad_on, dtype=torch.long)
+        attention_valid = torch.full((B, length), pad_on, dtype=torch.long)
+        doc_ids = torch.full((B, length), -1, dtype=torch.long)
+        position_ids = torch.empty((B, length), dtype=torch.long)
+        lengths = torch.zeros(B, dtype=torch.long)
+        doc_sample_index = torch.full((B, D), -1, dtype=torch.long)
+        truncated = torch.zeros(B, dtype=torch.bool)
+        for b, row in enumerate(rows):
+            start = 0
+            for d, (ids, mask, index, aligned, cut) in enumerate(row):
+                kept, end = ids.numel(), start + aligned
+                input_ids[b, start : start + kept] = ids
+                input_ids[b, start + kept : end] = self.fill_token_id
+                loss_mask[b, start : start + kept] = mask
+                loss_mask[b, start + kept : end] = 1
+                attention_valid[b, start:end] = 1
+                doc_ids[b, start:end] = d
+                position_ids[b, start:end] = torch.arange(aligned)
+                doc_sample_index[b, d] = index
+                lengths[b] += kept
+                truncated[b] |= cut
+                start = end
+            last_pos = int(position_ids[b, start - 1]) + 1 if start else 0
+            position_ids[b, start:] = torch.arange(last_pos, last_pos + length - start)
+            if self.supervise_padding:
+                doc_ids[b, start:] = len(row) - 1
+        return {
+            "input_ids": input_ids,
+            "loss_mask": loss_mask,
+            "attention_valid": attention_valid,
+            "position_ids": position_ids,
+            "doc_ids": doc_ids,
+            "lengths": lengths,
+            "sample_index": doc_sample_index[:, 0].clone(),
+            "doc_sample_index": doc_sample_index,
+            "truncated": truncated,
+        }
