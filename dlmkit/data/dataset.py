@@ -8,7 +8,14 @@ from typing import Any
 
 import torch
 
-from dlmkit.data.records import DataError, Record, load_records, records_from_dicts, tokenize_record
+from dlmkit.data.records import (
+    DataError,
+    Record,
+    as_record,
+    load_records,
+    records_from_dicts,
+    tokenize_record,
+)
 from dlmkit.data.tasks import get_task
 from dlmkit.data.tokenizer import Tokenizer
 
@@ -24,7 +31,7 @@ class SFTDataset(torch.utils.data.Dataset):
 
     Args:
         records: :class:`Record` objects, or ``{"prompt", "response"}`` / ``{"messages"}``
-            dicts (validated; errors name them as ``source:index``).
+            dicts (validated; errors name them ``source[index]``).
         tokenizer: any :class:`~dlmkit.data.tokenizer.Tokenizer`.
         source: name used in errors for plain dicts.
 
@@ -46,11 +53,10 @@ class SFTDataset(torch.utils.data.Dataset):
             )
         if len(records) == 0:
             raise DataError(source, "the dataset is empty (no records)")
-        if not all(isinstance(r, Record) for r in records):
-            records = [
-                r if isinstance(r, Record) else records_from_dicts([r], source=source)[0]
-                for r in records
-            ]
+        records = [
+            r if isinstance(r, Record) else as_record(r, f"{source}[{i}]")
+            for i, r in enumerate(records)
+        ]
         self.tokenizer = tokenizer
         self.sources = [r.source for r in records]
         ids: list[int] = []

@@ -24,6 +24,7 @@ __all__ = [
     "DataError",
     "Record",
     "TokenizedRecord",
+    "as_record",
     "load_records",
     "records_from_dicts",
     "tokenize_record",
@@ -47,7 +48,7 @@ class Record:
 
     Attributes:
         messages: ``({"role", "content"}, ...)``, with at least one assistant turn.
-        source: ``"path:line"``, ``"path:row N"`` or ``"name:index"``, for error messages.
+        source: ``"path:line"``, ``"path:row N"`` or ``"name[index]"``, for error messages.
     """
 
     messages: tuple[Mapping[str, str], ...]
@@ -62,7 +63,8 @@ class TokenizedRecord:
     loss_mask: list[int]
 
 
-def _as_record(obj: Any, where: str) -> Record:
+def as_record(obj: Any, where: str) -> Record:
+    """Validate one record (a dict from a file); ``where`` names it in errors."""
     if not isinstance(obj, Mapping):
         raise DataError(where, f"a record must be a JSON object, got {type(obj).__name__}")
     has_pr = "prompt" in obj or "response" in obj
@@ -114,8 +116,8 @@ def _as_record(obj: Any, where: str) -> Record:
 
 
 def records_from_dicts(items: Iterable[Mapping[str, Any]], source: str = "records") -> list[Record]:
-    """Validate in-memory records (e.g. a bundled task); ``source`` names them in errors."""
-    records = [_as_record(obj, f"{source}:{i}") for i, obj in enumerate(items)]
+    """Validate in-memory records (e.g. a bundled task); errors name them ``source[index]``."""
+    records = [as_record(obj, f"{source}[{i}]") for i, obj in enumerate(items)]
     if not records:
         raise DataError(source, "no records")
     return records
@@ -213,7 +215,7 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list
                 f"data file {str(path)!r} has extension {suffix!r}; supported: "
                 f"{list(SUPPORTED_SUFFIXES)}"
             )
-        records.extend(_as_record(obj, where) for obj, where in readers[suffix](path))
+        records.extend(as_record(obj, where) for obj, where in readers[suffix](path))
     if not records:
         raise DataError(", ".join(str(p) for p in paths), "the dataset is empty (no records)")
     return records
