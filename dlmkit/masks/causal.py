@@ -52,3 +52,10 @@ def causal(q_len: int, kv_len: int | None = None, offset: int = 0, *,
 
     return Mask(rule, q_len, kv_len, 1, intervals=intervals,
                 name=f"causal_{q_len}x{kv_len}_{shift}", device=device)
+
+
+EXAMPLES = {
+    "causal": lambda seq_len, block_size: causal(seq_len),
+    "causal_bottom_right": lambda seq_len, block_size: causal(
+        max(1, seq_len // 2), seq_len, align="bottom_right"),
+}
