@@ -31,7 +31,7 @@ from dlmkit.diffusion._checks import (
     check_same_shape,
     check_vocab,
 )
-from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
+from dlmkit.diffusion.schedules import check_scdd_grid, check_scdd_params, scdd_schedule
 
 Corruption = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -200,6 +200,7 @@ def corrupt_scdd(
     check_vocab(vocab_size, mask_token_id, minimum=3)
     num_timesteps = check_positive_int("num_timesteps", num_timesteps, minimum=2)
     check_scdd_params(max_ratio, gamma_shape, t_peak)
+    check_scdd_grid(max_ratio, gamma_shape, t_peak, num_timesteps)
     batch, length = input_ids.shape
     u = rng.draw_rows(generator, batch, 1, input_ids.device)[:, 0]
     t = ((u * num_timesteps).floor() + 1.0).clamp(max=num_timesteps) / num_timesteps

@@ -38,7 +38,7 @@ from dlmkit.diffusion._checks import (
     check_vocab,
 )
 from dlmkit.diffusion.chunked import cross_entropy_fn, token_losses
-from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
+from dlmkit.diffusion.schedules import check_scdd_grid, check_scdd_params, scdd_schedule
 
 DEFAULT_CHUNK = 1024
 
@@ -370,6 +370,7 @@ class SCDDLoss(torch.nn.Module):
         self.mask_token_id = mask_token_id
         self.num_timesteps = check_positive_int("num_timesteps", num_timesteps, minimum=2)
         check_scdd_params(max_ratio, gamma_shape, t_peak)
+        check_scdd_grid(max_ratio, gamma_shape, t_peak, num_timesteps)
         self.schedule = {"max_ratio": max_ratio, "gamma_shape": gamma_shape, "t_peak": t_peak}
         self.chunk_size = _check_chunk(chunk_size)
 

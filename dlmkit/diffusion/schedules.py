@@ -16,6 +16,7 @@ With ``max_ratio = 0`` the schedule is MDLM's linear absorbing one: clean = 1 - 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
@@ -68,3 +69,25 @@ def scdd_schedule(
     gamma = clean + uniform
     rho = clean / gamma.clamp_min(1e-30)
     return SCDDMasses(clean, uniform, absorbed, gamma, rho)
+
+
+@lru_cache(maxsize=64)
+def check_scdd_grid(max_ratio: float, gamma_shape: float, t_peak: float,
+                    num_timesteps: int) -> None:
+    """Require a valid forward process on the grid ``{0, 1/T, ..., 1}``.
+
+    Each step ``s -> t`` keeps a token with probability ``gamma_t / gamma_s`` and its clean
+    share with ``rho_t / rho_s``; both must be <= 1, i.e. ``gamma`` and ``rho`` non-increasing.
+    A sharp, tall bump (large ``max_ratio`` and ``gamma_shape``) breaks this.
+    """
+    t = torch.linspace(0.0, 1.0, num_timesteps + 1, dtype=torch.float64)
+    m = scdd_schedule(t, max_ratio=max_ratio, gamma_shape=gamma_shape, t_peak=t_peak)
+    for name, v in (("gamma", m.gamma), ("rho", m.rho[:-1])):  # rho(1) = 0/0 is unused
+        rise = (v[1:] - v[:-1]).max().item()
+        if rise > 1e-12:
+            raise ValueError(
+                f"SCDD schedule (max_ratio={max_ratio}, gamma_shape={gamma_shape}, "
+                f"t_peak={t_peak}) is not a valid forward process on a {num_timesteps}-step "
+                f"grid: {name}(t) increases by {rise:.3g} somewhere; lower max_ratio or "
+                "gamma_shape"
+            )
