@@ -344,9 +344,9 @@ class SCDDLoss(torch.nn.Module):
     """SCDD discrete-time NELBO, ``T`` times the KL of one random step ``s = t - 1/T -> t``.
 
     Needs ``noisy_ids`` (``z_t``) and ``p_mask`` holding ``t`` (as :func:`corrupt_scdd` gives;
-    read from column 0, clamped to ``[1/T, 1]``). The model's distribution ``p`` is the softmax
-    over the ``K = V - 1`` non-mask tokens (the MASK logit is excluded). Per supervised
-    position, with the schedule's ``gamma``, ``rho`` at ``s`` and ``t``:
+    read from column 0 and snapped to the grid ``{1/T, ..., 1}``). The model's distribution
+    ``p`` is the softmax over the ``K = V - 1`` non-mask tokens (the MASK logit is excluded).
+    Per supervised position, with the schedule's ``gamma``, ``rho`` at ``s`` and ``t``:
 
     * ``z_t = MASK``: ``KL(q(z_s | z_t, x) || p_theta(z_s | z_t))`` — the denoising term;
     * ``z_t`` visible (clean or replaced): the same KL, which there is a correction term: the
@@ -377,7 +377,9 @@ class SCDDLoss(torch.nn.Module):
     def _coefficients(self, t: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
         """Per-row float64 coefficients ``[B]`` of the step ``s = t - 1/T -> t``."""
         big_t = self.num_timesteps
-        t = t.to(torch.float64).clamp(1.0 / big_t, 1.0)
+        # Snap to the grid {1/T, ..., 1}: float32 storage of t = i/T is inexact, and near s = 0
+        # the schedule is steep (t^a with a < 1), so an s of 1e-9 instead of 0 would matter.
+        t = ((t.to(torch.float64) * big_t).round().clamp(1.0, big_t)) / big_t
         at_t = scdd_schedule(t, **self.schedule)
         at_s = scdd_schedule((t - 1.0 / big_t).clamp_min(0.0), **self.schedule)
         rho_s = at_s.rho.clamp_min(1e-30)

@@ -64,7 +64,8 @@ def grads(fn, *tensors):
         t.grad = None
     out = fn()
     out.backward()
-    return out.detach(), [t.grad.clone() for t in tensors]
+    return out.detach(), [torch.zeros_like(t) if t.grad is None else t.grad.clone()
+                          for t in tensors]
 
 
 def rng_untouched(call):
