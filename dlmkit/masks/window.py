@@ -200,7 +200,7 @@ def _every(seq_len: int, stride: int) -> torch.Tensor:
 EXAMPLES = {
     "sliding_window": lambda seq_len, block_size: sliding_window(seq_len, block_size),
     "dilated_sliding_window": lambda seq_len, block_size: dilated_sliding_window(
-        seq_len, 2 * block_size, 2),
+        seq_len, block_size, 2),
     "global_sliding_window": lambda seq_len, block_size: global_sliding_window(
         seq_len, block_size, _every(seq_len, max(1, seq_len // 4))),
 }
