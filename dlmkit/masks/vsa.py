@@ -21,8 +21,10 @@ VSA works on a video latent grid ``(T, H, W)`` cut into tiles of ``tile_twh`` vo
 4. :func:`lift_vsa_tile_output`, :func:`vsa_additive_combine`, :func:`vsa_gated_mix` merge the
    coarse output back into the fine one.
 
-Unlike attention-gym's fast path, the block-mask constructors validate the selection: tile ids
-out of ``[0, num_kv_tiles)`` and duplicate ids in one row raise ``ValueError``.
+Unlike attention-gym's fast path, the block-mask constructors validate the selection (tile ids
+out of ``[0, num_kv_tiles)`` and duplicate ids in one row raise ``ValueError``) and attach the
+whole pattern as mask_mod, so the BlockMask is also right in eager FlexAttention, which ignores
+the block lists.
 
 Sequences are ``[..., seq, dim]`` (FlexAttention's ``[batch, heads, seq, dim]``); the
 ``dim`` argument of tile/untile selects another sequence axis.
@@ -35,7 +37,7 @@ import numbers
 from dataclasses import dataclass
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, noop_mask
+from torch.nn.attention.flex_attention import BlockMask
 
 from .blocks import ordered_indices
 from .checks import check_int, check_positive_int
@@ -379,17 +381,27 @@ def _check_topk(topk, num_kv_tiles: int, name: str = "topk_indices") -> torch.Te
     return topk.long()
 
 
-def _padding_mod(sizes: torch.Tensor | None, tile_numel: int, num_kv_tiles: int):
-    """mask_mod carried by the direct block masks: only the padding of partial tiles."""
-    if sizes is None:
-        return noop_mask
-    last = num_kv_tiles - 1
+def _pattern_mod(selected: torch.Tensor, counts: torch.Tensor, tile_numel: int):
+    """mask_mod of the direct block masks: the whole pattern, i.e. a lookup in the int8
+    selection table ``[B, H, QT, NT]`` and the padding test ``kv % T < counts[kv // T]``.
 
-    def vsa_padding(b, h, q_idx, kv_idx):
-        tile = (kv_idx // tile_numel).clamp(0, last)
-        return kv_idx % tile_numel < sizes[tile]
+    Fused kernels evaluate it only on *partial* blocks (padding tiles), where membership is
+    already known to hold, so it costs nothing without padding; but eager FlexAttention (the
+    CPU "math" path) ignores the block lists and applies only the mask_mod, so a padding-only
+    predicate (attention-gym's choice) would silently attend to every tile there.
+    """
+    B, H, QT, NT = selected.shape
+    T = tile_numel
+    q_len, kv_len = QT * T, NT * T
 
-    return vsa_padding
+    def vsa_mask_mod(b, h, q_idx, kv_idx):
+        qi = (q_idx // T).clamp(0, QT - 1)
+        ki = (kv_idx // T).clamp(0, NT - 1)
+        chosen = selected[b.clamp(0, B - 1), h.clamp(0, H - 1), qi, ki] > 0
+        inside = (q_idx < q_len) & (kv_idx < kv_len)
+        return inside & chosen & (kv_idx - ki * T < counts[ki])
+
+    return vsa_mask_mod
 
 
 def _block_mask_from_tile_map(tiles: torch.Tensor, seq_lengths, block_size, mask_mod):
@@ -402,6 +414,18 @@ def _block_mask_from_tile_map(tiles: torch.Tensor, seq_lengths, block_size, mask
     return BlockMask(seq_lengths, kv_num, kv_idx, full_kv_num, full_kv_idx,
                      q_num, q_idx, full_q_num, full_q_idx,
                      BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod)
+
+
+def _counts(sizes, num_kv_tiles: int, tile_numel: int, device) -> torch.Tensor:
+    if sizes is not None:
+        return sizes
+    return torch.full((num_kv_tiles,), tile_numel, dtype=torch.long, device=device)
+
+
+def _selection(topk: torch.Tensor, num_kv_tiles: int) -> torch.Tensor:
+    """int8 ``[..., QT, NT]``: 1 where a KV tile is selected."""
+    selected = torch.zeros(*topk.shape[:-1], num_kv_tiles, dtype=torch.int8, device=topk.device)
+    return selected.scatter_(-1, topk, 1)
 
 
 def _check_4d(topk) -> None:
@@ -417,12 +441,13 @@ def create_vsa_block_mask(topk_indices: torch.Tensor, tile_numel: int, num_kv_ti
 
     ``topk_indices``: integer ``[B, H, QT, K]``, ids in ``[0, num_kv_tiles)``, distinct per
     row (checked). Sequence lengths ``(QT * tile_numel, num_kv_tiles * tile_numel)``.
-    Without ``variable_block_sizes`` every selected tile is a *full* block and the mask_mod is
-    ``noop_mask``; with them (real tokens per KV tile, ``[num_kv_tiles]`` in ``[1,
-    tile_numel]``) a tile with padding is *partial* and the mask_mod blocks its padding keys
-    (``kv % tile_numel < sizes[kv // tile_numel]``); membership is carried by the lists.
-    All eight index lists (KV and Q side) are built from the ``[B, H, QT, NT]`` tile map and
-    equal ``create_block_mask`` on the same pattern.
+    Without ``variable_block_sizes`` every selected tile is a *full* block; with them (real
+    tokens per KV tile, ``[num_kv_tiles]`` in ``[1, tile_numel]``) a tile with padding is
+    *partial*. All eight index lists (KV and Q side) are built from the ``[B, H, QT, NT]`` tile
+    map and equal ``create_block_mask`` on the same pattern. The mask_mod is the whole pattern
+    (selection-table lookup and padding test), not attention-gym's padding-only predicate:
+    fused kernels only run it on partial blocks, and eager FlexAttention, which ignores the
+    block lists, stays correct.
     """
     _check_4d(topk_indices)
     tile_numel = check_positive_int("tile_numel", tile_numel)
@@ -432,14 +457,13 @@ def create_vsa_block_mask(topk_indices: torch.Tensor, tile_numel: int, num_kv_ti
     sizes = _check_sizes("variable_block_sizes", variable_block_sizes, num_kv_tiles,
                          tile_numel, device)
     B, H, QT, _ = topk.shape
-    kind = torch.full((num_kv_tiles,), FULL, dtype=torch.int8, device=device)
-    if sizes is not None:
-        kind[sizes < tile_numel] = PARTIAL
-    tiles = torch.zeros(B, H, QT, num_kv_tiles, dtype=torch.int8, device=device)
-    tiles.scatter_(-1, topk, kind[topk])
+    counts = _counts(sizes, num_kv_tiles, tile_numel, device)
+    kind = torch.where(counts < tile_numel, PARTIAL, FULL).to(torch.int8)
+    selected = _selection(topk, num_kv_tiles)
+    tiles = selected * kind
     return _block_mask_from_tile_map(
         tiles, (QT * tile_numel, num_kv_tiles * tile_numel), (tile_numel, tile_numel),
-        _padding_mod(sizes, tile_numel, num_kv_tiles))
+        _pattern_mod(selected, counts, tile_numel))
 
 
 def create_vsa_flash_block_mask(topk_indices: torch.Tensor, tile_numel: int, num_kv_tiles: int,
@@ -452,7 +476,8 @@ def create_vsa_flash_block_mask(topk_indices: torch.Tensor, tile_numel: int, num
     For a selected tile ``t`` and sub-block ``j`` (KV block ``t * f + j``), with ``n =
     variable_block_sizes[t]`` (default ``tile_numel``): *full* if ``n >= (j + 1) *
     kv_block_size``, *partial* if ``j * kv_block_size < n`` otherwise, and dropped when it holds
-    only padding. Lists are ``[B, H, QT, NT * f]``; the mask_mod is the padding predicate.
+    only padding. Lists are ``[B, H, QT, NT * f]``; the mask_mod is the whole pattern
+    (as in :func:`create_vsa_block_mask`).
 
     Example, ``tile_numel=4, kv_block_size=2`` (``f = 2``), tile 1 selected with 3 real tokens::
 
@@ -470,19 +495,16 @@ def create_vsa_flash_block_mask(topk_indices: torch.Tensor, tile_numel: int, num
     sizes = _check_sizes("variable_block_sizes", variable_block_sizes, num_kv_tiles,
                          tile_numel, device)
     f = tile_numel // kv_block_size
-    counts = sizes if sizes is not None else torch.full((num_kv_tiles,), tile_numel,
-                                                        device=device)
+    counts = _counts(sizes, num_kv_tiles, tile_numel, device)
     start = torch.arange(f, device=device) * kv_block_size  # [f]
     real = counts.unsqueeze(-1) - start  # real tokens in each sub-block (may be <= 0)
     kind = torch.where(real >= kv_block_size, FULL, torch.where(real > 0, PARTIAL, 0))
     B, H, QT, _ = topk.shape
-    selected = torch.zeros(B, H, QT, num_kv_tiles, dtype=torch.bool, device=device)
-    selected.scatter_(-1, topk, True)
-    tiles = torch.where(selected.unsqueeze(-1), kind.to(torch.int8), 0).to(torch.int8)
-    tiles = tiles.view(B, H, QT, num_kv_tiles * f)
-    mod = _padding_mod(counts, tile_numel, num_kv_tiles)
+    selected = _selection(topk, num_kv_tiles)
+    tiles = (selected.unsqueeze(-1) * kind.to(torch.int8)).view(B, H, QT, num_kv_tiles * f)
     return _block_mask_from_tile_map(
-        tiles, (QT * tile_numel, num_kv_tiles * tile_numel), (tile_numel, kv_block_size), mod)
+        tiles, (QT * tile_numel, num_kv_tiles * tile_numel), (tile_numel, kv_block_size),
+        _pattern_mod(selected, counts, tile_numel))
 
 
 def vsa(topk_indices: torch.Tensor, tile_numel: int, num_kv_tiles: int,
