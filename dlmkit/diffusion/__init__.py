@@ -4,7 +4,7 @@ See :mod:`.corruption` for the ``(noisy_ids, noise_mask, p_mask)`` contract and
 :mod:`.losses` for the keyword-argument calling convention and the denominator rule.
 """
 
-from dlmkit.diffusion.chunked import token_losses
+from dlmkit.diffusion.chunked import weighted_token_loss
 from dlmkit.diffusion.corruption import (
     corrupt_all_masked,
     corrupt_blockwise,
@@ -42,5 +42,5 @@ __all__ = [
     "corrupt_uniform_random",
     "encoder_ar_loss",
     "scdd_schedule",
-    "token_losses",
+    "weighted_token_loss",
 ]

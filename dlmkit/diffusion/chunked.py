@@ -1,17 +1,25 @@
-"""Per-token losses over a vocabulary, computed in row chunks so memory stays O(chunk x V).
+"""Weighted sums of per-token losses over a vocabulary, in row chunks: O(chunk x V) memory.
 
-A *token loss* is a function ``fn(logits [c, V] float32, rows: slice) -> [c]`` giving the loss
-of each of ``c`` rows; ``rows`` says which rows of the flattened batch the chunk holds, so
-``fn`` can slice its own per-row data (targets, weights, ...). ``fn`` must not modify
-``logits`` in place and must only close over tensors that need no gradient.
+A *token loss* is a row-wise function ``fn(logits [c, V] float32, rows: slice) -> [c]``: the
+loss of row ``i`` depends on row ``i`` of the logits only. ``rows`` says which rows of the
+flattened batch the chunk holds, so ``fn`` can slice its own per-row data (targets, ...).
+``fn`` must not modify ``logits`` in place.
 
-:func:`token_losses` evaluates it over ``N`` rows of either logits ``[N, V]`` or hidden states
-``[N, D]`` with an LM head (``logits = hidden @ weight.T + bias``, the fused path: the full
-logits never exist). With ``chunk_size`` set, the forward keeps no vocabulary-sized
-activations and the backward recomputes each chunk (activation checkpointing done chunk by
-chunk), writing its gradient straight into one preallocated buffer, so the extra memory is
-the input's gradient plus O(chunk x V) — not the O(N x V) log-softmax and its gradient of the
-plain path. Values and gradients equal the unchunked computation up to float rounding.
+:func:`weighted_token_loss` returns ``sum_i coef_i * fn_i`` (per group) over ``N`` rows of
+either logits ``[N, V]`` or hidden states ``[N, D]`` with an LM head (``logits = hidden @
+weight.T + bias``, the fused path: the full logits never exist). Every loss in
+:mod:`dlmkit.diffusion.losses` is such a weighted sum, its weights fixed before the values are
+known (masks, ``1/p``, decay weights, the denominator).
+
+Chunked mode (``chunk_size`` set): because the output is linear in the per-token losses with
+known weights, each chunk's gradient is computed right away in the forward pass — logits, loss
+and the gradient w.r.t. the logits of one chunk, then folded into the input's gradient
+(``@ weight`` for the fused path, and ``weight``'s own gradient accumulated) — and the chunk is
+freed. The backward only scales the stored gradients by the incoming one. So the forward keeps
+no vocabulary-sized activations, nothing is recomputed (no slower than the plain path), and the
+extra memory is O(chunk x V) plus the inputs' gradients. Values and gradients equal the
+unchunked computation up to float rounding. (The same idea as checkpointing the loss chunk by
+chunk, without the second forward.) Not supported: double backward.
 """
 
 from __future__ import annotations
@@ -28,72 +36,89 @@ def _logits(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
     return (x if weight is None else F.linear(x, weight, bias)).float()
 
 
-def _chunks(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+def _terms(fn: TokenLoss, logits: torch.Tensor, rows: slice, coef: torch.Tensor):
+    # where(), not a product: a row with weight 0 may hold inf (e.g. an unscored target).
+    return torch.where(coef != 0, fn(logits, rows) * coef, 0.0)
 
 
-class _ChunkedTokenLoss(torch.autograd.Function):
+class _ChunkedWeightedLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, fn, chunk_size, want_argmax, x, weight, bias):
+    def forward(ctx, fn, chunk_size, want_argmax, track, num_groups, group, coef, x, weight,
+                bias):
+        need_x, need_w, need_b = (track and n for n in ctx.needs_input_grad[7:10])
         n = x.shape[0]
-        out = torch.empty(n, dtype=torch.float32, device=x.device)
-        pred = torch.empty(n if want_argmax else 0, dtype=torch.long, device=x.device)
-        for rows in _chunks(n, chunk_size):
-            logits = _logits(x[rows], weight, bias)
-            out[rows] = fn(logits, rows)
+        out = torch.zeros(num_groups, dtype=torch.float32, device=x.device)
+        pred = torch.full((n if want_argmax else 0,), -1, dtype=torch.long, device=x.device)
+        gx = torch.zeros_like(x) if need_x else None
+        gw = (torch.zeros((num_groups, *weight.shape), dtype=torch.float32, device=x.device)
+              if need_w else None)
+        gb = (torch.zeros((num_groups, *bias.shape), dtype=torch.float32, device=x.device)
+              if need_b else None)
+        for start in range(0, n, chunk_size):
+            rows = slice(start, min(start + chunk_size, n))
+            c, g = coef[rows], group[rows]
+            if not bool((c != 0).any()):  # unscored rows (prompt, padding) cost nothing
+                continue
+            xc = x[rows]
+            with torch.enable_grad():
+                logits = _logits(xc, weight, bias).detach().requires_grad_(True)
+                terms = _terms(fn, logits, rows, c)
+                glogits = (torch.autograd.grad(terms.sum(), logits)[0]
+                           if need_x or need_w or need_b else None)
+            out.index_add_(0, g, terms.detach())
             if want_argmax:
-                pred[rows] = logits.argmax(-1)
-        ctx.fn, ctx.chunk_size = fn, chunk_size
-        ctx.save_for_backward(x, weight, bias)
+                pred[rows] = logits.detach().argmax(-1)
+            if need_x:
+                gx[rows] = glogits.to(x.dtype) if weight is None else \
+                    (glogits.to(weight.dtype) @ weight).to(x.dtype)
+            for k in range(num_groups) if (need_w or need_b) else ():
+                gk = glogits if num_groups == 1 else glogits * (g == k)[:, None]
+                if need_w:
+                    gw[k] += gk.t() @ xc.float()
+                if need_b:
+                    gb[k] += gk.sum(0)
+        ctx.saved = (group, gx, gw, gb, weight, bias)
         ctx.mark_non_differentiable(pred)
         return out, pred
 
     @staticmethod
     def backward(ctx, grad_out, _grad_pred):
-        x, weight, bias = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[3:6]
-        gx = torch.zeros_like(x) if need_x else None
-        gw = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
-        gb = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
-        for rows in _chunks(x.shape[0], ctx.chunk_size):
-            g = grad_out[rows]
-            if not bool(g.any()):  # rows that are not scored (padding, prompt) cost nothing
-                continue
-            with torch.enable_grad():
-                xc = x[rows].detach().requires_grad_(need_x)
-                wc = None if weight is None else weight.detach().requires_grad_(need_w)
-                bc = None if bias is None else bias.detach().requires_grad_(need_b)
-                loss = ctx.fn(_logits(xc, wc, bc), rows)
-                wrt = [t for t, need in ((xc, need_x), (wc, need_w), (bc, need_b)) if need]
-                grads = list(torch.autograd.grad(loss, wrt, g))
-            if need_x:
-                gx[rows] = grads.pop(0)
-            if need_w:
-                gw += grads.pop(0)
-            if need_b:
-                gb += grads.pop(0)
-        gw = None if gw is None else gw.to(weight.dtype)
-        gb = None if gb is None else gb.to(bias.dtype)
-        return None, None, None, gx, gw, gb
+        group, gx, gw, gb, weight, bias = ctx.saved
+        ctx.saved = None  # the stored gradients are scaled in place: one backward only
+        if gx is not None:
+            gx.mul_(grad_out[group].to(gx.dtype)[:, None])
+        if gw is not None:
+            gw = torch.einsum("g,g...->...", grad_out, gw).to(weight.dtype)
+        if gb is not None:
+            gb = torch.einsum("g,g...->...", grad_out, gb).to(bias.dtype)
+        return None, None, None, None, None, None, None, gx, gw, gb
 
 
-def token_losses(
-    fn: TokenLoss, x: torch.Tensor, *, weight: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None, chunk_size: int | None = None, argmax: bool = False,
+def weighted_token_loss(
+    fn: TokenLoss, x: torch.Tensor, coef: torch.Tensor, *, weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, group: torch.Tensor | None = None, num_groups: int = 1,
+    chunk_size: int | None = None, argmax: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Evaluate ``fn`` on every row of ``x``.
+    """``out[k] = sum_{i: group_i = k} coef_i * fn(logits)_i``; rows with ``coef_i = 0`` add 0.
 
     ``x``: logits ``[N, V]`` (``weight=None``) or hidden states ``[N, D]`` with LM head
-    ``weight [V, D]`` and optional ``bias [V]``. ``chunk_size``: rows per chunk (``None`` =
-    one plain autograd pass). Returns ``(loss [N] float32, pred)`` where ``pred [N]`` is the
-    argmax over the vocabulary if ``argmax`` else ``None``.
+    ``weight [V, D]`` and optional ``bias [V]``. ``coef [N]``: fixed weights (no gradient).
+    ``group [N]`` long in ``[0, num_groups)`` (default all 0). ``chunk_size``: rows per chunk,
+    ``None`` = one plain autograd pass. Returns ``(out [num_groups] float32, pred)``, ``pred
+    [N]`` the argmax over the vocabulary if ``argmax`` (-1 on skipped, unweighted chunks).
     """
+    coef = coef.detach().to(torch.float32).reshape(-1)
+    group = (torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if group is None
+             else group.reshape(-1))
     if chunk_size is None:
         logits = _logits(x, weight, bias)
-        loss = fn(logits, slice(0, x.shape[0]))
-        return loss, (logits.detach().argmax(-1) if argmax else None)
-    loss, pred = _ChunkedTokenLoss.apply(fn, chunk_size, argmax, x, weight, bias)
-    return loss, (pred if argmax else None)
+        terms = _terms(fn, logits, slice(0, x.shape[0]), coef)
+        out = torch.zeros(num_groups, dtype=terms.dtype, device=x.device).index_add(0, group,
+                                                                                  terms)
+        return out, (logits.detach().argmax(-1) if argmax else None)
+    out, pred = _ChunkedWeightedLoss.apply(fn, chunk_size, argmax, torch.is_grad_enabled(),
+                                           num_groups, group, coef, x, weight, bias)
+    return out, (pred if argmax else None)
 
 
 def cross_entropy_fn(targets: torch.Tensor) -> TokenLoss:

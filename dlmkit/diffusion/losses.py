@@ -18,8 +18,9 @@ A zero denominator means nothing was scored: the loss is then exactly 0 and stil
 the graph (its gradient is zero), never NaN.
 
 Memory: ``chunk_size`` (rows of the flattened ``[B*L]`` batch per chunk; ``None`` = off)
-computes the vocabulary-sized work chunk by chunk with recomputation in the backward (see
-:mod:`dlmkit.diffusion.chunked`); results equal the unchunked ones.
+computes the vocabulary-sized work, gradient included, chunk by chunk (see
+:mod:`dlmkit.diffusion.chunked`), so no ``[B*L, V]`` activation is kept; results equal the
+unchunked ones. A loss output supports one backward.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dlmkit.diffusion._checks import (
     check_same_shape,
     check_vocab,
 )
-from dlmkit.diffusion.chunked import cross_entropy_fn, token_losses
+from dlmkit.diffusion.chunked import cross_entropy_fn, weighted_token_loss
 from dlmkit.diffusion.schedules import check_scdd_grid, check_scdd_params, scdd_schedule
 
 DEFAULT_CHUNK = 1024
@@ -60,25 +61,21 @@ def _mask(name: str, mask: object, target_ids: torch.Tensor) -> torch.Tensor:
     return check_same_shape(name, mask, target_ids, "target_ids").to(target_ids.device) != 0
 
 
-def _mean(values: torch.Tensor, scored: torch.Tensor, num_tokens, local=None) -> torch.Tensor:
-    """``sum(values where scored) / den``; ``den`` = ``num_tokens``, else ``local``, else the
-    number of scored positions. A zero denominator gives 0 (numerator is 0 then too)."""
-    total = torch.where(scored, values, 0.0).sum()
-    if num_tokens is not None:
-        den = torch.as_tensor(num_tokens, dtype=total.dtype, device=total.device).reshape(())
-    elif local is not None:
-        den = local.to(total.dtype)
-    else:
-        den = scored.sum().to(total.dtype)
-    return total / torch.where(den > 0, den, torch.ones_like(den))
+def _denominator(num_tokens, local: torch.Tensor) -> torch.Tensor:
+    """``num_tokens`` if given, else ``local``; 0 becomes 1 (then nothing is scored, so the
+    numerator is 0 and the loss is exactly 0)."""
+    den = local if num_tokens is None else torch.as_tensor(num_tokens, device=local.device)
+    den = den.to(torch.float32).reshape(())
+    return torch.where(den > 0, den, torch.ones_like(den))
 
 
-def _token_ce(logits: torch.Tensor, targets: torch.Tensor, chunk_size: int | None):
-    """Cross-entropy ``[B, L]`` of ``logits [B, L, V]`` against ``targets [B, L]``."""
+def _weighted_ce(logits: torch.Tensor, targets: torch.Tensor, coef: torch.Tensor,
+                 chunk_size: int | None, group=None, num_groups: int = 1) -> torch.Tensor:
+    """``sum coef * CE(logits, targets)`` per group (``[num_groups]``); ``logits [B, L, V]``."""
     flat = targets.reshape(-1)
-    ce, _ = token_losses(cross_entropy_fn(flat), logits.reshape(flat.numel(), -1),
-                         chunk_size=chunk_size)
-    return ce.reshape(targets.shape)
+    out, _ = weighted_token_loss(cross_entropy_fn(flat), logits.reshape(flat.numel(), -1), coef,
+                                 group=group, num_groups=num_groups, chunk_size=chunk_size)
+    return out
 
 
 def _shifted(target_ids: torch.Tensor, scored_next: torch.Tensor):
@@ -95,9 +92,10 @@ def _shifted(target_ids: torch.Tensor, scored_next: torch.Tensor):
     return targets, scored
 
 
-def _importance_weighted(ce, scored, p_mask) -> torch.Tensor:
-    # Guard only against p = 0 on an unscored position reaching the division.
-    return ce / torch.where(scored, p_mask.to(ce.dtype), 1.0).clamp_min(1e-8)
+def _inverse_p(scored: torch.Tensor, p_mask: torch.Tensor) -> torch.Tensor:
+    """``1/p`` on scored positions, 0 elsewhere (``p`` floored at 1e-8)."""
+    p = p_mask.to(scored.device, torch.float32).clamp_min(1e-8)
+    return torch.where(scored, 1.0 / p, 0.0)
 
 
 class MDLMLoss(torch.nn.Module):
@@ -121,9 +119,9 @@ class MDLMLoss(torch.nn.Module):
         check_denominator("num_tokens", num_tokens)
         sup = _mask("loss_mask", loss_mask, target_ids)
         scored = _mask("noise_mask", noise_mask, target_ids) & sup
-        ce = _token_ce(logits, target_ids, self.chunk_size)
-        loss = _mean(_importance_weighted(ce, scored, p_mask), scored, num_tokens,
-                     local=sup.sum())
+        den = _denominator(num_tokens, sup.sum())
+        loss = _weighted_ce(logits, target_ids, _inverse_p(scored, p_mask) / den,
+                            self.chunk_size)[0]
         return LossOutput(loss, loss.detach(), {"num_scored": scored.sum().detach()})
 
 
@@ -157,15 +155,16 @@ class HybridLoss(torch.nn.Module):
         check_denominator("num_ar_tokens", num_ar_tokens)
         sup = _mask("loss_mask", loss_mask, target_ids)
         scored = _mask("noise_mask", noise_mask, target_ids) & sup
-        ce = _token_ce(logits, target_ids, self.chunk_size)
-        diffusion = _mean(_importance_weighted(ce, scored, p_mask), scored, num_tokens)
+        den = _denominator(num_tokens, scored.sum())
+        diffusion = _weighted_ce(logits, target_ids, _inverse_p(scored, p_mask) / den,
+                                 self.chunk_size)[0]
         if causal_logits is None:
             ar = diffusion.new_zeros(())
         else:
             check_logits("causal_logits", causal_logits, target_ids)
             targets, ar_scored = _shifted(target_ids, sup)
-            ar = _mean(_token_ce(causal_logits, targets, self.chunk_size), ar_scored,
-                       num_ar_tokens)
+            ar_den = _denominator(num_ar_tokens, ar_scored.sum())
+            ar = _weighted_ce(causal_logits, targets, ar_scored / ar_den, self.chunk_size)[0]
         weighted = self.alpha * diffusion
         return LossOutput(weighted + ar, weighted.detach(),
                           {"diffusion": diffusion.detach(), "ar": ar.detach()})
@@ -188,7 +187,8 @@ class BlockDiffusionLoss(torch.nn.Module):
         check_logits("logits", logits, target_ids)
         check_denominator("num_tokens", num_tokens)
         sup = _mask("loss_mask", loss_mask, target_ids)
-        loss = _mean(_token_ce(logits, target_ids, self.chunk_size), sup, num_tokens)
+        den = _denominator(num_tokens, sup.sum())
+        loss = _weighted_ce(logits, target_ids, sup / den, self.chunk_size)[0]
         return LossOutput(loss, loss.detach(), {})
 
 
@@ -207,7 +207,9 @@ def encoder_ar_loss(logits, input_ids, valid_mask=None, *, num_tokens=None,
     valid = (torch.ones_like(input_ids, dtype=torch.bool) if valid_mask is None
              else _mask("valid_mask", valid_mask, input_ids))
     targets, scored = _shifted(input_ids, valid)
-    return _mean(_token_ce(logits, targets, chunk_size), scored & valid, num_tokens)
+    scored = scored & valid
+    return _weighted_ce(logits, targets, scored / _denominator(num_tokens, scored.sum()),
+                        chunk_size)[0]
 
 
 class IDLMLoss(torch.nn.Module):
@@ -249,9 +251,11 @@ class IDLMLoss(torch.nn.Module):
         if valid_mask is not None:
             sup = sup & _mask("valid_mask", valid_mask, target_ids)
         targets, scored = _shifted(target_ids, sup)
-        ce = _token_ce(logits, targets.repeat(1, 2), self.chunk_size)
-        noisy = _mean(ce[:, :length], scored, num_tokens)
-        clean = _mean(ce[:, length:], scored, num_tokens)
+        coef = scored / _denominator(num_tokens, scored.sum())
+        half = torch.zeros_like(target_ids)  # group 0: the x_t half, group 1: the x_0 half
+        noisy, clean = _weighted_ce(logits, targets.repeat(1, 2), coef.repeat(1, 2),
+                                    self.chunk_size, group=torch.cat([half, half + 1], 1),
+                                    num_groups=2)
         if self.auto_balance:
             alpha = (noisy / clean.clamp_min(1e-6)).detach()
         else:
@@ -327,12 +331,12 @@ class DFlashDecayLoss(torch.nn.Module):
                 raise ValueError(f"hidden's last dim {hidden.shape[-1]} must equal "
                                  f"lm_head_weight's D = {lm_head_weight.shape[1]}")
             x, head = hidden.reshape(batch * length, -1), lm_head_weight
-        flat = target_ids.reshape(-1)
-        ce, pred = token_losses(cross_entropy_fn(flat), x, weight=head, bias=lm_head_bias,
-                                chunk_size=self.chunk_size, argmax=True)
         scored = _mask("block_mask", block_mask, target_ids)
-        local = self.local_denominator(scored) if num_tokens is None else None
-        loss = _mean(ce.reshape(batch, length) * w, scored, num_tokens, local=local)
+        den = _denominator(num_tokens, self.local_denominator(scored))
+        out, pred = weighted_token_loss(
+            cross_entropy_fn(target_ids.reshape(-1)), x, torch.where(scored, w, 0.0) / den,
+            weight=head, bias=lm_head_bias, chunk_size=self.chunk_size, argmax=True)
+        loss = out[0]
         span = self.block_size - 1
         hits = (pred.reshape(batch, length) == target_ids) & scored
         correct = hits.reshape(batch, -1, span).sum((0, 1)).to(torch.float32)
@@ -409,10 +413,10 @@ class SCDDLoss(torch.nn.Module):
         per_token = {n: c[:, None].expand(-1, length).reshape(-1) for n, c in coef.items()}
         fn = _scdd_token_kl(per_token, target_ids.reshape(-1), noisy_ids.reshape(-1),
                             self.mask_token_id, k)
-        kl, _ = token_losses(fn, logits.reshape(target_ids.numel(), vocab),
-                             chunk_size=self.chunk_size)
-        per = kl.reshape(target_ids.shape) * self.num_timesteps
-        loss = _mean(per, sup, num_tokens)
+        coef = sup * (self.num_timesteps / _denominator(num_tokens, sup.sum()))
+        out, _ = weighted_token_loss(fn, logits.reshape(target_ids.numel(), vocab), coef,
+                                     chunk_size=self.chunk_size)
+        loss = out[0]
         return LossOutput(loss, loss.detach(), {})
 
 
