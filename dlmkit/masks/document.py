@@ -172,7 +172,13 @@ def document(inner: Mask, offsets=None, kv_offsets=None, *, doc_ids=None, kv_doc
                                  f"documents, got {n_q - 1} and {n_kv - 1}")
     else:
         kv_ids = q_ids
-    batch = broadcast_batch(q_ids.shape[0], kv_ids.shape[0], inner.batch)
+    try:
+        batch = broadcast_batch(q_ids.shape[0], kv_ids.shape[0], inner.batch)
+    except ValueError:
+        raise ValueError(
+            f"batch rows do not broadcast: query layout has {q_ids.shape[0]}, key layout "
+            f"{kv_ids.shape[0]}, inner mask {inner.batch} (each must be 1 or the same)"
+        ) from None
     q_ids = q_ids.expand(batch, -1).contiguous()
     kv_ids = kv_ids.expand(batch, -1).contiguous()
     q_len, kv_len = q_ids.shape[1], kv_ids.shape[1]
@@ -284,7 +290,11 @@ def shared_prefix(offsets, prefix_document_id, *, device=None) -> Mask:
     if int(pid.max()) >= n_docs:
         raise ValueError(f"prefix_document_id must be in [0, n_docs={n_docs}), "
                          f"got {pid.tolist()}")
-    batch = broadcast_batch(offsets.shape[0], pid.shape[0])
+    try:
+        batch = broadcast_batch(offsets.shape[0], pid.shape[0])
+    except ValueError:
+        raise ValueError(f"offsets has {offsets.shape[0]} rows and prefix_document_id "
+                         f"{pid.shape[0]}; each must be 1 or the same") from None
     offsets = offsets.expand(batch, -1).contiguous()
     pid = pid.expand(batch, -1).contiguous()
     if bool((pid.gather(1, pid) != pid).any()):

@@ -175,7 +175,7 @@ def test_document_bad_input():
         document(causal(4), doc_ids=torch.tensor([0, -1, 0]))
     with pytest.raises(TypeError, match="doc_ids"):
         document(causal(4), doc_ids=torch.tensor([0.0, 1.0]))
-    with pytest.raises(ValueError, match="do not broadcast"):
+    with pytest.raises(ValueError, match="inner mask 2"):
         document(prefix_lm(4, torch.tensor([1, 2])), torch.tensor([[0, 4]] * 3))
 
 
