@@ -133,6 +133,7 @@ class Collator:
         )
 
     def _sample(self, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Shape and type checks for one sample; value checks run once on the whole batch."""
         if not isinstance(sample, Mapping):
             raise TypeError(f"samples[{i}] must be a dict, got {type(sample).__name__}")
         if "input_ids" not in sample:
@@ -145,8 +146,6 @@ class Collator:
         ids = torch.as_tensor(sample["input_ids"], dtype=torch.long)
         if ids.dim() != 1:
             raise ValueError(f"samples[{i}]['input_ids'] must be 1-D, got shape {tuple(ids.shape)}")
-        if ids.numel() and int(ids.min()) < 0:
-            raise ValueError(f"samples[{i}]['input_ids'] has negative ids ({int(ids.min())})")
         if sample.get("loss_mask") is None:
             mask = torch.ones_like(ids)
         else:
@@ -156,8 +155,6 @@ class Collator:
                     f"samples[{i}]: loss_mask has shape {tuple(mask.shape)} but input_ids has "
                     f"{tuple(ids.shape)}"
                 )
-            if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
-                raise ValueError(f"samples[{i}]['loss_mask'] must hold only 0 and 1")
         index = sample["sample_index"]
         if isinstance(index, torch.Tensor):
             index = index.item()
@@ -165,72 +162,107 @@ class Collator:
             raise ValueError(f"samples[{i}]['sample_index'] must be an int >= 0, got {index!r}")
         return ids, mask, index
 
+    def _check_values(self, parsed, ids: torch.Tensor, masks: torch.Tensor) -> None:
+        bad_ids = bool(ids.numel()) and int(ids.min()) < 0
+        bad_mask = bool(masks.numel()) and not bool(((masks == 0) | (masks == 1)).all())
+        if not (bad_ids or bad_mask):
+            return
+        for i, (sample_ids, mask, _) in enumerate(parsed):  # slow path: name the sample
+            low = int(sample_ids.min()) if sample_ids.numel() else 0
+            if low < 0:
+                raise ValueError(f"samples[{i}]['input_ids'] has negative ids ({low})")
+            if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+                raise ValueError(f"samples[{i}]['loss_mask'] must hold only 0 and 1")
+
+    def _place(self, aligned: list[int]) -> tuple[list[int], list[int], list[int]]:
+        """Row, offset and document number of each sample (first fit when packing)."""
+        if not self.pack:
+            return list(range(len(aligned))), [0] * len(aligned), [0] * len(aligned)
+        rows, offsets, numbers, used, count = [], [], [], [], []
+        for a in aligned:
+            r = next((r for r, u in enumerate(used) if u + a <= self.max_seq_len), len(used))
+            if r == len(used):
+                used.append(0)
+                count.append(0)
+            rows.append(r)
+            offsets.append(used[r])
+            numbers.append(count[r])
+            used[r] += a
+            count[r] += 1
+        return rows, offsets, numbers
+
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not isinstance(samples, Sequence) or len(samples) == 0:
             raise ValueError(f"samples must be a non-empty list of dicts, got {samples!r:.80}")
         parsed = [self._sample(i, s) for i, s in enumerate(samples)]
         cap = self.max_seq_len
-        bs = self.block_size
-        # One document per (row, kept length, aligned length, ...); rows hold lists of them.
-        docs = []
-        for ids, mask, index in parsed:
-            kept = ids.numel() if cap is None else min(ids.numel(), cap)
-            docs.append((ids[:kept], mask[:kept], index, _ceil_to(kept, bs), kept < ids.numel()))
-        if self.pack:
-            rows: list[list[tuple]] = []
-            used: list[int] = []
-            for doc in docs:
-                r = next((r for r, u in enumerate(used) if u + doc[3] <= cap), None)
-                if r is None:
-                    rows.append([])
-                    used.append(0)
-                    r = len(rows) - 1
-                rows[r].append(doc)
-                used[r] += doc[3]
-        else:
-            rows = [[doc] for doc in docs]
-            used = [doc[3] for doc in docs]
+        kept_list = [p[0].numel() if cap is None else min(p[0].numel(), cap) for p in parsed]
+        flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
+        flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
+        self._check_values(parsed, flat_ids, flat_mask)
+        aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
+        rows_l, offsets_l, numbers_l = self._place(aligned_list)
 
-        length = _ceil_to(max(max(used), 1), self.unit)
+        kept = torch.tensor(kept_list)
+        aligned = torch.tensor(aligned_list)
+        row = torch.tensor(rows_l)
+        number = torch.tensor(numbers_l)
+        B, D = int(row.max()) + 1, int(number.max()) + 1
+        used = torch.zeros(B, dtype=torch.long).index_add_(0, row, aligned)
+        length = _ceil_to(max(int(used.max()), 1), self.unit)
         if cap is not None:
             length = min(length, cap)
-        B, D = len(rows), max(len(r) for r in rows)
+        base = row * length + torch.tensor(offsets_l)
+
+        def spans(n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """Flat positions of ``[base, base + n)`` for every sample, which sample, offset."""
+            which = torch.repeat_interleave(torch.arange(n.numel()), n)
+            local = torch.arange(which.numel()) - torch.repeat_interleave(n.cumsum(0) - n, n)
+            return base[which] + local, which, local
+
         pad_on = int(self.supervise_padding)
-        input_ids = torch.full((B, length), self.pad_token_id, dtype=torch.long)
-        loss_mask = torch.full((B, length), pad_on, dtype=torch.long)
-        attention_valid = torch.full((B, length), pad_on, dtype=torch.long)
-        doc_ids = torch.full((B, length), -1, dtype=torch.long)
-        position_ids = torch.empty((B, length), dtype=torch.long)
-        lengths = torch.zeros(B, dtype=torch.long)
+        input_ids = torch.full((B * length,), self.pad_token_id, dtype=torch.long)
+        loss_mask = torch.full((B * length,), pad_on, dtype=torch.long)
+        attention_valid = torch.full((B * length,), pad_on, dtype=torch.long)
+        doc_ids = torch.full((B * length,), -1, dtype=torch.long)
+        position_ids = torch.zeros(B * length, dtype=torch.long)
+        # Each sample's aligned span: block fill, supervised and attended ...
+        pos, which, local = spans(aligned)
+        input_ids[pos] = self.fill_token_id
+        loss_mask[pos] = 1
+        attention_valid[pos] = 1
+        doc_ids[pos] = number[which]
+        position_ids[pos] = local
+        # ... then its content over the front of that span.
+        pos, _, _ = spans(kept)
+        input_ids[pos] = flat_ids
+        loss_mask[pos] = flat_mask
+        input_ids, loss_mask, attention_valid, doc_ids, position_ids = (
+            t.view(B, length)
+            for t in (input_ids, loss_mask, attention_valid, doc_ids, position_ids)
+        )
+        # Padding continues the position count of the token before it.
+        cols = torch.arange(length)
+        tail = cols[None, :] >= used[:, None]
+        before = position_ids.gather(1, (used - 1).clamp(min=0)[:, None]).squeeze(1)
+        next_pos = torch.where(used > 0, before + 1, torch.zeros_like(used))
+        position_ids = torch.where(
+            tail, next_pos[:, None] + cols[None, :] - used[:, None], position_ids
+        )
+        docs_per_row = torch.zeros(B, dtype=torch.long).index_add_(0, row, torch.ones_like(row))
+        if self.supervise_padding:
+            doc_ids = torch.where(tail, (docs_per_row - 1)[:, None], doc_ids)
         doc_sample_index = torch.full((B, D), -1, dtype=torch.long)
-        truncated = torch.zeros(B, dtype=torch.bool)
-        for b, row in enumerate(rows):
-            start = 0
-            for d, (ids, mask, index, aligned, cut) in enumerate(row):
-                kept, end = ids.numel(), start + aligned
-                input_ids[b, start : start + kept] = ids
-                input_ids[b, start + kept : end] = self.fill_token_id
-                loss_mask[b, start : start + kept] = mask
-                loss_mask[b, start + kept : end] = 1
-                attention_valid[b, start:end] = 1
-                doc_ids[b, start:end] = d
-                position_ids[b, start:end] = torch.arange(aligned)
-                doc_sample_index[b, d] = index
-                lengths[b] += kept
-                truncated[b] |= cut
-                start = end
-            last_pos = int(position_ids[b, start - 1]) + 1 if start else 0
-            position_ids[b, start:] = torch.arange(last_pos, last_pos + length - start)
-            if self.supervise_padding:
-                doc_ids[b, start:] = len(row) - 1
+        doc_sample_index[row, number] = torch.tensor([p[2] for p in parsed])
+        cut = torch.tensor([p[0].numel() > k for p, k in zip(parsed, kept_list)], dtype=torch.long)
         return {
             "input_ids": input_ids,
             "loss_mask": loss_mask,
             "attention_valid": attention_valid,
             "position_ids": position_ids,
             "doc_ids": doc_ids,
-            "lengths": lengths,
+            "lengths": torch.zeros(B, dtype=torch.long).index_add_(0, row, kept),
             "sample_index": doc_sample_index[:, 0].clone(),
             "doc_sample_index": doc_sample_index,
-            "truncated": truncated,
+            "truncated": torch.zeros(B, dtype=torch.long).index_add_(0, row, cut) > 0,
         }

@@ -286,7 +286,7 @@ lengths_st = st.lists(st.integers(0, 60), min_size=1, max_size=5)
 
 
 @given(lengths_st, options)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_matches_reference_and_stays_aligned(lengths, kw):
     out = check_against_reference(batch(*lengths), **kw)
     L = out["input_ids"].shape[1]
