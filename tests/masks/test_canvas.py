@@ -107,9 +107,9 @@ def test_additive_values_and_flex_equals_sdpa():
     mask = canvas(torch.tensor([3, 0, 6]), torch.tensor([7, 4, 2]), 13, 3, sliding_window=4)
     add = mask.additive(torch.bfloat16)
     assert set(add.unique().tolist()) == {0.0, torch.finfo(torch.bfloat16).min}
-    for m in (mask, canvas(torch.tensor([3, 0, 6]), torch.tensor([7, 4, 2]), 13, 3)):
-        for block in (4, (8, 4), 128):
-            assert_flex_matches_sdpa(m, block_size=block)
+    assert_flex_matches_sdpa(mask, block_size=(8, 4))
+    assert_flex_matches_sdpa(canvas(torch.tensor([3, 0, 6]), torch.tensor([7, 4, 2]), 13, 3),
+                             block_size=4)
 
 
 def test_large_block_mask_matches_torch():

@@ -137,11 +137,10 @@ def test_flex_forward_equals_sdpa():
     anchors = torch.tensor([[9, 3, 0], [12, 12, 5]])
     keep = torch.tensor([[1, 1, 0], [1, 0, 1]])
     docs = torch.tensor([[0] * 6 + [1] * 7, [0] * 4 + [1] * 9])
-    for kwargs in ({}, {"causal": True}, {"sliding_window": 4},
-                   {"ctx_doc_id": docs, "anchor_doc_id": torch.tensor([[1, 0, 0], [1, 1, 1]])}):
-        mask = dflash(anchors, keep, 13, 5, **kwargs)
-        for block in (4, (8, 4), 128):
-            assert_flex_matches_sdpa(mask, block_size=block)
+    variants = ({}, {"causal": True, "sliding_window": 4},
+                {"ctx_doc_id": docs, "anchor_doc_id": torch.tensor([[1, 0, 0], [1, 1, 1]])})
+    for kwargs, block in zip(variants, (4, (8, 4), 128)):
+        assert_flex_matches_sdpa(dflash(anchors, keep, 13, 5, **kwargs), block_size=block)
 
 
 def test_large_block_mask_matches_torch():
