@@ -216,8 +216,15 @@ class Collator:
 
         def spans(n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             """Flat positions of ``[base, base + n)`` for every sample, which sample, offset."""
-            which = torch.repeat_interleave(torch.arange(n.numel()), n)
-            local = torch.arange(which.numel()) - torch.repeat_interleave(n.cumsum(0) - n, n)
+            # Sample k covers flat slots [starts[k], starts[k] + n[k]); marking every start and
+            # taking a running count numbers the slots by sample (empty samples are skipped).
+            starts = n.cumsum(0) - n
+            total = int(n.sum())
+            marks = torch.zeros(total + 1, dtype=torch.long).index_add_(
+                0, starts, torch.ones_like(n)
+            )
+            which = marks[:total].cumsum(0) - 1
+            local = torch.arange(total) - starts[which]
             return base[which] + local, which, local
 
         pad_on = int(self.supervise_padding)
