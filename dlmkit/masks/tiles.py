@@ -41,6 +41,8 @@ def normalize_intervals(lo: torch.Tensor, hi: torch.Tensor, kv_len: int) -> RowI
     hi = torch.where(empty, kv_len, hi)
     if lo.shape[-1] == 1:
         return lo, hi
+    if lo.shape[-1] == 2:
+        return _normalize_pair(lo, hi, kv_len)
     lo, order = lo.sort(dim=-1)
     hi = hi.gather(-1, order)
     reach = hi.cummax(dim=-1).values
@@ -49,6 +51,19 @@ def normalize_intervals(lo: torch.Tensor, hi: torch.Tensor, kv_len: int) -> RowI
     start_lo = torch.where(starts, lo, -1).cummax(dim=-1).values
     is_end = torch.cat([starts[..., 1:], torch.ones_like(starts[..., :1])], dim=-1)
     return torch.where(is_end, start_lo, kv_len), torch.where(is_end, reach, kv_len)
+
+
+def _normalize_pair(lo: torch.Tensor, hi: torch.Tensor, kv_len: int) -> RowIntervals:
+    """The K == 2 case of :func:`normalize_intervals` without a sort (the common case)."""
+    lo0, lo1, hi0, hi1 = lo[..., 0], lo[..., 1], hi[..., 0], hi[..., 1]
+    swap = lo1 < lo0
+    first_lo, second_lo = torch.where(swap, lo1, lo0), torch.where(swap, lo0, lo1)
+    first_hi, second_hi = torch.where(swap, hi1, hi0), torch.where(swap, hi0, hi1)
+    merge = second_lo <= first_hi
+    first_hi = torch.where(merge, torch.maximum(first_hi, second_hi), first_hi)
+    second_lo = torch.where(merge, kv_len, second_lo)
+    second_hi = torch.where(merge, kv_len, second_hi)
+    return torch.stack([first_lo, second_lo], -1), torch.stack([first_hi, second_hi], -1)
 
 
 def intersect_intervals(a: RowIntervals, b: RowIntervals, kv_len: int) -> RowIntervals:
@@ -89,21 +104,19 @@ def tile_map_from_intervals(
     full_lo = (lo + kv_block - 1) // kv_block
     full_hi = torch.maximum(hi // kv_block, full_lo)
     width = n_kv + 1
-    tile_row = (torch.arange(q_len, device=device) // q_block).view(1, q_len, 1)
-    base = (torch.arange(batch, device=device).view(batch, 1, 1) * n_q + tile_row) * width
-    base = base.expand(batch, q_len, k)
-
-    def coverage(start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        counts = torch.zeros(batch * n_q * width, dtype=torch.int32, device=device)
-        ones = torch.ones(start.numel(), dtype=torch.int32, device=device)
-        counts.index_add_(0, (base + start).reshape(-1), ones)
-        counts.index_add_(0, (base + end).reshape(-1), -ones)
-        return counts.view(batch, n_q, width).cumsum(-1, dtype=torch.int32)[..., :n_kv]
-
-    touched = coverage(touch_lo, touch_hi) > 0
-    full = coverage(full_lo, full_hi) == q_block
-    tiles = touched.to(torch.int8)
-    tiles[full] = FULL
+    # int32 indices: half the memory traffic of int64 and accepted by index_add_.
+    tile_row = (torch.arange(q_len, device=device, dtype=torch.int32) // q_block).view(1, q_len, 1)
+    base = (torch.arange(batch, device=device, dtype=torch.int32).view(batch, 1, 1) * n_q
+            + tile_row) * width
+    plane = batch * n_q * width  # the "full" counts live in a second plane of the buffer
+    index = torch.cat([(base + t).reshape(-1) for t in
+                       (touch_lo, touch_hi, full_lo + plane, full_hi + plane)]).to(torch.int32)
+    one = torch.ones(batch * q_len * k, dtype=torch.int32, device=device)
+    counts = torch.zeros(2 * plane, dtype=torch.int32, device=device)
+    counts.index_add_(0, index, torch.cat([one, -one, one, -one]))
+    counts = counts.view(2, batch, n_q, width).cumsum(-1, dtype=torch.int32)[..., :n_kv]
+    tiles = (counts[0] > 0).to(torch.int8)
+    tiles[counts[1] == q_block] = FULL
     return tiles
 
 

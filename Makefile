@@ -1,0 +1,37 @@
+# One-command setup for a fresh machine: each target creates .venv and installs what it needs.
+# CPU machines: torch is pinned to the CPU build first (a bare `torch` requirement would pull a
+# multi-GB CUDA build). On a GPU machine use e.g. `make test TORCH_SPEC=torch`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: install demo test test-all lint bench clean
+
+$(BIN)/dlmkit: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(BIN)/dlmkit
+
+install: $(BIN)/dlmkit
+
+demo: install
+	$(BIN)/dlmkit mask show idlm --seq-len 16 --block-size 4
+	$(BIN)/dlmkit mask bench --masks idlm --seq-lens 1024,4096 --methods ours,eager
+
+test: install
+	$(BIN)/pytest -q -m "not slow"
+
+test-all: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check dlmkit tests bench
+
+bench: install
+	$(BIN)/python bench/masks.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
