@@ -127,7 +127,7 @@ def canvas(prefix_lengths, response_length, enc_len: int, block_size: int,
 
 EXAMPLES = {
     "canvas": lambda seq_len, block_size: canvas(
-        seq_len // 4, seq_len // 2, seq_len, block_size),
+        seq_len // 4, max(1, seq_len // 2), seq_len, block_size),
     "canvas_sliding": lambda seq_len, block_size: canvas(
-        seq_len // 4, seq_len // 2, seq_len, block_size, sliding_window=2 * block_size),
+        seq_len // 4, max(1, seq_len // 2), seq_len, block_size, sliding_window=2 * block_size),
 }
