@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 
 from .causal import ALIGNMENTS
-from .checks import check_int, check_positive_int
+from .checks import check_block_size, check_int, check_positive_int
 from .core import Mask
+from .tiles import FULL, cdiv
 
 
 def sliding_window(q_len: int, window: int, kv_len: int | None = None, *,
@@ -74,6 +75,33 @@ def sliding_window(q_len: int, window: int, kv_len: int | None = None, *,
                 name=f"sliding_window_{w}", device=device)
 
 
+class _DilatedWindow(Mask):
+    """A dilated window whose tile map is computed per tile in closed form (O(tiles)),
+    instead of from its ``2 * (window // dilation) + 1`` singleton intervals per row."""
+
+    def __init__(self, rule, seq_len, intervals, name, device, window, dilation):
+        super().__init__(rule, seq_len, seq_len, 1, intervals=intervals, name=name,
+                         device=device)
+        self._window, self._dilation = window, dilation
+
+    def tile_map(self, block_size=128) -> torch.Tensor:
+        q_block, kv_block = check_block_size(block_size)
+        w, d, n = self._window, self._dilation, self.q_len
+        i = torch.arange(cdiv(n, q_block), device=self.device).view(-1, 1)
+        j = torch.arange(cdiv(n, kv_block), device=self.device).view(1, -1)
+        q_end, kv_end = (i + 1) * q_block, (j + 1) * kv_block
+        # Differences q - kv inside tile (i, j) are every integer in [low, high].
+        low = i * q_block - (kv_end.clamp(max=n) - 1)
+        high = q_end.clamp(max=n) - 1 - j * kv_block
+        a, b = low.clamp(min=-w), high.clamp(max=w)
+        touched = (a <= b) & (torch.div(b, d, rounding_mode="floor") * d >= a)
+        unpadded = (q_end <= n) & (kv_end <= n)
+        every = (low >= -w) & (high <= w) & ((low == high) | (d == 1))
+        tiles = touched.to(torch.int8)
+        tiles[touched & every & unpadded] = FULL
+        return tiles.unsqueeze(0)
+
+
 def dilated_sliding_window(seq_len: int, window: int, dilation: int, *, device=None) -> Mask:
     """Symmetric dilated window: attend iff ``|q - kv| <= window`` and
     ``(q - kv) % dilation == 0``.
@@ -91,8 +119,8 @@ def dilated_sliding_window(seq_len: int, window: int, dilation: int, *, device=N
         window: inclusive distance (>= 0).
         dilation: key stride (>= 1; 1 = plain symmetric window).
 
-    Row intervals hold one slot per visible key (``2 * (window // dilation) + 1``, merged into
-    one when ``dilation == 1``), so ``.block_mask()`` stays O(rows * keys-per-row + tiles).
+    The tile map (hence ``.block_mask()`` and ``.dense()``) is computed per tile in closed
+    form, O(tiles); row intervals (one slot per visible key) are still provided for ``&``/``|``.
     """
     seq_len = check_positive_int("seq_len", seq_len)
     window = check_int("window", window, minimum=0)
@@ -114,8 +142,8 @@ def dilated_sliding_window(seq_len: int, window: int, dilation: int, *, device=N
         lo = q + d * torch.arange(-steps, steps + 1, device=device).view(1, 1, -1)
         return lo, lo + 1
 
-    return Mask(rule, seq_len, seq_len, 1, intervals=intervals,
-                name=f"dilated_sliding_window_{w}_{d}", device=device)
+    return _DilatedWindow(rule, seq_len, intervals, f"dilated_sliding_window_{w}_{d}", device,
+                          w, d)
 
 
 def _check_global(is_global, seq_len: int) -> torch.Tensor:

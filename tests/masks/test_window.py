@@ -104,3 +104,14 @@ def test_bad_input():
         global_sliding_window(8, 2, torch.full((8,), 2))
     with pytest.raises(TypeError, match="is_global"):
         global_sliding_window(8, 2, [0] * 8)
+
+
+@pytest.mark.parametrize("window,dilation", [(0, 1), (5, 1), (7, 2), (40, 3), (9, 10)])
+def test_dilated_closed_form_tile_map_equals_interval_tile_map(window, dilation):
+    from dlmkit.masks.tiles import tile_map_from_intervals
+
+    mask = dilated_sliding_window(301, window, dilation)
+    lo, hi = mask.row_intervals()
+    for q_block, kv_block in ((1, 1), (4, 4), (3, 7), (64, 128), (128, 128)):
+        expected = tile_map_from_intervals(lo, hi, 301, 301, q_block, kv_block)
+        assert torch.equal(mask.tile_map((q_block, kv_block)), expected), (q_block, kv_block)
