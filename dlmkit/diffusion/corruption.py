@@ -53,24 +53,29 @@ def _per_row_or_block(
 
 def corrupt_uniform(
     input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int, *,
-    eps: float = 1e-3, generator: rng.Generators,
+    eps: float = 1e-3, block_size: int | None = None, generator: rng.Generators,
 ) -> Corruption:
-    """MDLM / LLaDA absorbing corruption.
+    """MDLM / LLaDA absorbing corruption (BD3-LM with ``block_size``).
 
-    Per row ``t ~ U[0, 1)`` and ``p = (1 - eps) t + eps``; each supervised token becomes
-    ``mask_token_id`` independently with probability ``p``. ``p_mask = p`` on the whole row.
+    Per row (``block_size=None``) or per block of ``block_size`` positions (BD3-LM: every block
+    its own noise level; blocks start at multiples of ``block_size``) ``t ~ U[0, 1)`` and
+    ``p = (1 - eps) t + eps``; each supervised token becomes ``mask_token_id`` independently
+    with probability ``p``. ``p_mask = p`` at every position of the row/block.
     A row can end up with no corrupted token (likely when ``p`` is small and the row short).
-    Draws per row: ``t``, then one uniform per position.
+    Draws per row: ``t``, then one uniform per position (two in per-block mode, the block's
+    ``t`` read at its first position).
     """
     sup = _supervised(input_ids, loss_mask)
     check_mask_token(mask_token_id)
     eps = check_open_unit("eps", eps)
+    block_size = check_optional_block_size(block_size)
     batch, length = input_ids.shape
-    row_u, pos_u = rng.draw(generator, batch, length, 1, 1, input_ids.device)
-    p = (1.0 - eps) * row_u[:, :1] + eps
+    cols = 1 if block_size is None else 2
+    row_u, pos_u = rng.draw(generator, batch, length, 1, cols, input_ids.device)
+    p = (1.0 - eps) * _per_row_or_block(row_u, pos_u[..., -1], block_size) + eps
     noise = (pos_u[..., 0] < p) & sup
     noisy = torch.where(noise, torch.full_like(input_ids, mask_token_id), input_ids)
-    return noisy, noise, p.to(torch.float32).expand(batch, length).contiguous()
+    return noisy, noise, p.to(torch.float32).contiguous()
 
 
 def corrupt_all_masked(

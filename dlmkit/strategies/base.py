@@ -1,0 +1,92 @@
+"""The strategy interface: everything that is specific to one dLLM family.
+
+A strategy owns its corruption, its attention mask, how the model is fed and its loss. The
+recipe calls, per micro-batch:
+
+1. ``prepare(batch, generators)`` — corrupt (every random number from the per-sample
+   generators) and lay out the model input; returns a dict of tensors and the ``Mask``;
+2. ``counts(prepared)`` — the local denominators of the loss, keyed by the loss's argument
+   names; the recipe sums them over micro-batches and ranks *before* any forward;
+3. ``loss(model, prepared, denominators)`` — forward and loss with the global denominators.
+
+So the gradient of a step is the whole-batch token mean whatever the micro-batch/rank split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dlmkit.masks import MaskCache
+from dlmkit.models import forward_logits
+
+
+class Strategy:
+    """Base class; subclasses set ``name``, ``options`` (defaults) and implement the hooks."""
+
+    name: str = ""
+    options: dict[str, Any] = {}
+    supports_packing: bool = False
+
+    def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
+                 loss_chunk_size: int | None = None) -> None:
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise ValueError(f"strategy {self.name!r}: unknown option(s) {unknown}; valid: "
+                             f"{sorted(self.options) or 'none'}")
+        self.config = {**self.options, **options}
+        if not 0 <= mask_token_id < vocab_size:
+            raise ValueError(f"mask_token_id {mask_token_id} is outside the vocabulary "
+                             f"[0, {vocab_size})")
+        self.mask_token_id = mask_token_id
+        self.vocab_size = vocab_size
+        self.loss_chunk_size = loss_chunk_size
+        self.masks = MaskCache(max_entries=64)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check ``self.config``; raise ValueError naming the bad option."""
+
+    def _positive_option(self, key: str, allow_none: bool = False) -> None:
+        value = self.config[key]
+        if value is None and allow_none:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"strategy.{key} must be a positive int, got {value!r}")
+
+    # -- hooks -------------------------------------------------------------------------------
+    def prepare(self, batch: dict, generators: list[torch.Generator]) -> dict:
+        raise NotImplementedError
+
+    def counts(self, prepared: dict) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def loss(self, model, prepared: dict, denominators: dict):
+        raise NotImplementedError
+
+    # -- shared helpers ----------------------------------------------------------------------
+    def cached_mask(self, key: tuple, build):
+        """Masks are reused while the layout (lengths, padding) repeats."""
+        return self.masks.get((self.name, *key), build)
+
+    @staticmethod
+    def layout_key(batch: dict) -> tuple:
+        valid = batch["attention_valid"]
+        key = (tuple(valid.shape), valid.device.type, valid.cpu().numpy().tobytes())
+        if batch.get("doc_ids") is not None and bool((batch["doc_ids"] > 0).any()):
+            key += (batch["doc_ids"].cpu().numpy().tobytes(),)
+        return key
+
+    @staticmethod
+    def logits(model, input_ids, mask, position_ids) -> torch.Tensor:
+        return forward_logits(model, input_ids, mask, position_ids)
+
+
+def doc_ids_of(batch: dict):
+    """Document ids for packed rows (None when every row holds one sample)."""
+    doc_ids = batch.get("doc_ids")
+    if doc_ids is None or not bool((doc_ids > 0).any()):
+        return None
+    return doc_ids.clamp_min(0)

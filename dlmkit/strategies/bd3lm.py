@@ -1,0 +1,35 @@
+"""BD3-LM: per-block noise levels, ``[x_t | x_0]`` under the block-diffusion mask, MDLM loss."""
+
+from __future__ import annotations
+
+from dlmkit.diffusion import MDLMLoss, corrupt_uniform
+from dlmkit.masks import block_diffusion
+
+from .twostream import TwoStreamStrategy
+
+
+class BD3LMStrategy(TwoStreamStrategy):
+    name = "bd3lm"
+    options = {"block_size": 4, "eps": 1e-3}
+    mask_factory = staticmethod(block_diffusion)
+
+    def validate(self) -> None:
+        super().validate()
+        self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
+
+    def prepare(self, batch, generators):
+        noisy, noise_mask, p_mask = corrupt_uniform(
+            batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=self.config["eps"],
+            block_size=self.config["block_size"], generator=generators)
+        return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
+
+    def counts(self, prepared):
+        return {"num_tokens": (prepared["loss_mask"] != 0).sum()}
+
+    def loss(self, model, prepared, denominators):
+        length = prepared["target_ids"].shape[1]
+        logits = self.logits(model, prepared["input_ids"], prepared["mask"],
+                             prepared["position_ids"])
+        return self.loss_fn(logits=logits[:, :length], target_ids=prepared["target_ids"],
+                            noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
+                            loss_mask=prepared["loss_mask"], num_tokens=denominators["num_tokens"])

@@ -1,0 +1,54 @@
+"""Hybrid AR + diffusion (Nemotron-Labs-Diffusion): one pass over ``[x_t | x_0]`` gives the
+diffusion logits (noisy half) and next-token logits (clean half); loss ``alpha L_diff + L_AR``.
+"""
+
+from __future__ import annotations
+
+from dlmkit.diffusion import HybridLoss, corrupt_blockwise, corrupt_uniform
+from dlmkit.masks.hybrid import hybrid
+
+from .twostream import TwoStreamStrategy
+
+CORRUPTIONS = ("uniform", "blockwise")
+
+
+class HybridStrategy(TwoStreamStrategy):
+    name = "hybrid"
+    options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "eps": 1e-3,
+               "half_life_ratio": 0.25}
+    mask_factory = staticmethod(hybrid)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.config["corruption"] not in CORRUPTIONS:
+            raise ValueError(f"strategy.corruption must be one of {CORRUPTIONS}, "
+                             f"got {self.config['corruption']!r}")
+        self.loss_fn = HybridLoss(alpha=self.config["alpha"], chunk_size=self.loss_chunk_size)
+
+    def prepare(self, batch, generators):
+        c = self.config
+        if c["corruption"] == "uniform":
+            noisy, noise_mask, p_mask = corrupt_uniform(
+                batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=c["eps"],
+                generator=generators)
+        else:
+            noisy, noise_mask, p_mask = corrupt_blockwise(
+                batch["input_ids"], batch["loss_mask"], self.mask_token_id,
+                block_size=c["block_size"], eps=c["eps"], half_life_ratio=c["half_life_ratio"],
+                generator=generators)
+        return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
+
+    def counts(self, prepared):
+        supervised = prepared["loss_mask"] != 0
+        return {"num_tokens": (prepared["noise_mask"] & supervised).sum(),
+                "num_ar_tokens": supervised[:, 1:].sum()}
+
+    def loss(self, model, prepared, denominators):
+        length = prepared["target_ids"].shape[1]
+        logits = self.logits(model, prepared["input_ids"], prepared["mask"],
+                             prepared["position_ids"])
+        return self.loss_fn(logits=logits[:, :length], causal_logits=logits[:, length:],
+                            target_ids=prepared["target_ids"], noise_mask=prepared["noise_mask"],
+                            p_mask=prepared["p_mask"], loss_mask=prepared["loss_mask"],
+                            num_tokens=denominators["num_tokens"],
+                            num_ar_tokens=denominators["num_ar_tokens"])

@@ -1,0 +1,36 @@
+"""MDLM / LLaDA: absorbing corruption, bidirectional attention over ``x_t``, ``CE / p`` loss."""
+
+from __future__ import annotations
+
+from dlmkit.diffusion import MDLMLoss, corrupt_uniform
+from dlmkit.masks.bidirectional import bidirectional
+
+from .base import Strategy
+
+
+class MDLMStrategy(Strategy):
+    name = "mdlm"
+    options = {"eps": 1e-3}
+
+    def validate(self) -> None:
+        self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
+
+    def prepare(self, batch, generators):
+        ids, loss_mask, valid = batch["input_ids"], batch["loss_mask"], batch["attention_valid"]
+        noisy, noise_mask, p_mask = corrupt_uniform(ids, loss_mask, self.mask_token_id,
+                                                    eps=self.config["eps"], generator=generators)
+        mask = self.cached_mask(self.layout_key(batch),
+                                lambda: bidirectional(ids.shape[1], valid, device=ids.device))
+        return {"input_ids": noisy, "mask": mask, "position_ids": batch["position_ids"],
+                "target_ids": ids, "noise_mask": noise_mask, "p_mask": p_mask,
+                "loss_mask": loss_mask}
+
+    def counts(self, prepared):
+        return {"num_tokens": (prepared["loss_mask"] != 0).sum()}
+
+    def loss(self, model, prepared, denominators):
+        logits = self.logits(model, prepared["input_ids"], prepared["mask"],
+                             prepared["position_ids"])
+        return self.loss_fn(logits=logits, target_ids=prepared["target_ids"],
+                            noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
+                            loss_mask=prepared["loss_mask"], num_tokens=denominators["num_tokens"])

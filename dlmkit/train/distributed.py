@@ -1,0 +1,75 @@
+"""Process-group setup for torchrun (one process = world size 1, no process group)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_world(device_spec: str = "auto") -> World:
+    """Join torchrun's process group if launched by it (gloo on CPU, nccl on CUDA)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_spec == "auto":
+        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(device_spec)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return World(rank, world_size, local_rank, device)
+
+
+def all_reduce_sum(tensor: torch.Tensor, world: World) -> torch.Tensor:
+    if world.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def shutdown(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model, world: World, kind: str):
+    """DDP or FSDP2 (``fully_shard``) when distributed; the model itself otherwise."""
+    if not world.distributed:
+        return model
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        layers = getattr(getattr(model, "model", model), "layers", [])
+        for layer in layers:
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[world.device] if world.device.type == "cuda"
+                                   else None)

@@ -1,0 +1,50 @@
+"""What a user sees: ``metrics.jsonl``, a progress bar, and a PNG loss curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool, resume_step: int = 0) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+        if enabled and resume_step and self.path.is_file():
+            # Drop records past the checkpoint we resume from: they will be recomputed.
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif enabled:
+            self.path.write_text("")
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def plot_loss_curve(metrics_path: Path, out_path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line]
+    train = [(r["step"], r["loss"]) for r in records if r.get("split") == "train"]
+    val = [(r["step"], r["loss"]) for r in records if r.get("split") == "validation"]
+    if not train:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*train), label="train", linewidth=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return Path(out_path)

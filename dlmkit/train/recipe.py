@@ -1,0 +1,292 @@
+"""The SFT recipe: one function per phase, the whole training step in ``train_step``.
+
+Written for torchrun from the start: with ``WORLD_SIZE=1`` it is the same code without a
+process group. Per optimizer step, every rank takes its share of the global batch (a pure
+function of the step), splits it into micro-batches, corrupts each with per-sample generators
+seeded from ``(seed, step, global sample index)``, sums the loss denominators over micro-batches
+and ranks, and only then runs the forwards — so the gradient is the whole-batch token mean
+whatever the split, and resuming at a step reproduces its noise exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from dlmkit import strategies
+from dlmkit.data import (
+    Collator,
+    GlobalBatchSampler,
+    SFTDataset,
+    eval_batches,
+    load_tokenizer,
+)
+from dlmkit.data.seeds import sample_generators, validation_generators
+from dlmkit.models import build_model, resolve_attention
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import ConfigError
+from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
+from .metrics import MetricsLog, plot_loss_curve
+
+
+def build_datasets(config: dict, tokenizer):
+    d = config["data"]
+    if d["train_files"]:
+        train = SFTDataset.from_files(d["train_files"], tokenizer)
+        val = SFTDataset.from_files(d["validation_files"], tokenizer) \
+            if d["validation_files"] else None
+    else:
+        opts = d["task_options"] or {}
+        train = SFTDataset.from_task(d["task"], "train", tokenizer, n=d["num_train"],
+                                     seed=config["seed"], **opts)
+        val = SFTDataset.from_task(d["task"], "validation", tokenizer, n=d["num_validation"],
+                                   seed=config["seed"], **opts)
+    return train, val
+
+
+def build_collator(config: dict, tokenizer, strategy) -> Collator:
+    d = config["data"]
+    block = strategy.config.get("block_size") if d["block_align"] else None
+    if d["pack"] and not strategy.supports_packing:
+        packing = [n for n in strategies.names() if strategies.get(n).supports_packing]
+        raise ConfigError(f"data.pack is not supported by strategy {strategy.name!r}; "
+                          f"use one of {packing}")
+    return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                    block_size=block, pad_seq_len_divisible=d["pad_seq_len_divisible"],
+                    max_seq_len=d["max_seq_len"], supervise_padding=d["supervise_padding"],
+                    pack=d["pack"])
+
+
+def lr_at(step: int, config: dict) -> float:
+    """Linear warmup then cosine decay to ``min_lr_ratio * lr`` (multiplier of lr)."""
+    t = config["train"]
+    warmup, total = t["warmup_steps"], t["steps"]
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    floor = t["min_lr_ratio"]
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def autocast_context(config: dict, device: torch.device):
+    mode = config["train"]["autocast"]
+    if mode == "auto":
+        mode = "bf16" if device.type == "cuda" else "none"
+    if mode == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, sampler,
+               config, world: World) -> dict:
+    """One optimizer step over this rank's micro-batches; returns its metrics."""
+    seed = config["seed"]
+    prepared = []
+    for indices in sampler.micro_batches(step):
+        batch = to_device(collator([dataset[i] for i in indices]), world.device)
+        generators = sample_generators(seed, step, batch["sample_index"].tolist(), world.device)
+        prepared.append(strategy.prepare(batch, generators))
+
+    # Global denominators: summed over micro-batches and ranks before any forward.
+    keys = sorted(strategy.counts(prepared[0]))
+    local = torch.stack([torch.stack([strategy.counts(p)[k] for k in keys]).double()
+                         for p in prepared]).sum(0)
+    total = all_reduce_sum(local.to(world.device), world)
+    denominators = dict(zip(keys, total.tolist()))
+
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    tokens = 0
+    for i, p in enumerate(prepared):
+        last = i == len(prepared) - 1
+        sync = model.no_sync() if world.distributed and not last and hasattr(model, "no_sync") \
+            else nullcontext()
+        with sync, autocast_context(config, world.device):
+            out = strategy.loss(model, p, denominators)
+        # DDP/FSDP average gradients over ranks; our losses are already global sums/means.
+        with sync:
+            (out.total * world.world_size).backward()
+        loss_sum += out.total.detach().double().cpu()
+        tokens += int(p["input_ids"].numel())
+    loss = float(all_reduce_sum(loss_sum.to(world.device), world))
+    max_norm = config["train"]["max_grad_norm"]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)) \
+        if max_norm else float("nan")
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"step {step}: loss is {loss}; stopping (check lr and data)")
+    return {"loss": loss, "grad_norm": grad_norm, "tokens": tokens * world.world_size}
+
+
+@torch.no_grad()
+def validate(model, strategy, dataset, collator, config, world: World) -> float:
+    """Token-weighted loss over the whole validation set; noise seeded per sample only."""
+    model.eval()
+    micro = config["train"]["micro_batch_size"]
+    weighted = torch.zeros(2, dtype=torch.float64)
+    for indices in eval_batches(len(dataset), micro * world.world_size, rank=world.rank,
+                                world_size=world.world_size):
+        if not indices:
+            continue
+        batch = to_device(collator([dataset[i] for i in indices]), world.device)
+        generators = validation_generators(config["seed"], batch["sample_index"].tolist(),
+                                           world.device)
+        p = strategy.prepare(batch, generators)
+        counts = strategy.counts(p)
+        key = sorted(counts)[0]
+        count = float(counts[key])
+        if count == 0:
+            continue
+        with autocast_context(config, world.device):
+            out = strategy.loss(model, p, {k: float(v) for k, v in counts.items()})
+        weighted += torch.tensor([float(out.total) * count, count], dtype=torch.float64)
+    weighted = all_reduce_sum(weighted.to(world.device), world).cpu()
+    return float(weighted[0] / weighted[1]) if weighted[1] > 0 else float("nan")
+
+
+def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World) -> Path:
+    """``RUN/final``: a Hugging Face directory (safetensors, config, tokenizer) + dlmkit.json."""
+    final = run_dir / "final"
+    if world.distributed:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                     cpu_offload=True))
+    else:
+        state = None
+    if world.is_main:
+        inner = getattr(model, "module", model)
+        inner.save_pretrained(final, state_dict=state)
+        tokenizer.save_pretrained(final)
+        (final / "dlmkit.json").write_text(json.dumps({
+            "strategy": strategy.name,
+            "block_size": strategy.config.get("block_size"),
+            "task": config["data"]["task"] if not config["data"]["train_files"] else None,
+            "mask_token_id": tokenizer.mask_token_id,
+            "options": strategy.config,
+            "max_seq_len": config["data"]["max_seq_len"],
+        }, indent=1))
+    barrier(world)
+    return final
+
+
+def run(config: dict, *, resume: bool = False) -> Path:
+    """Train as configured; returns the run directory."""
+    world = init_world(config["train"]["device"])
+    try:
+        return _run(config, world, resume)
+    finally:
+        shutdown(world)
+
+
+def _run(config: dict, world: World, resume: bool) -> Path:
+    t, d = config["train"], config["data"]
+    if t["threads"]:
+        torch.set_num_threads(int(t["threads"]))
+    strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
+    strategy_cls = strategies.get(config["strategy"]["name"])
+    tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
+    strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
+                            vocab_size=tokenizer.vocab_size,
+                            loss_chunk_size=t["loss_chunk_size"])
+    collator = build_collator(config, tokenizer, strategy)
+    train_set, val_set = build_datasets(config, tokenizer)
+    run_dir = Path(config["output_dir"] or default_run_dir(config))
+    if world.distributed:  # every rank must agree on a timestamped default
+        import torch.distributed as dist
+
+        shared = [str(run_dir)]
+        dist.broadcast_object_list(shared, src=0)
+        run_dir = Path(shared[0])
+
+    torch.manual_seed(config["seed"])  # model initialisation
+    attention = resolve_attention(config["model"]["attention"], world.device)
+    dtype = getattr(torch, config["model"]["dtype"])
+    model = build_model(config["model"]["name"], tokenizer.vocab_size, attention=attention,
+                        dtype=dtype, overrides=config["model"]["config"]).to(world.device)
+    model = wrap_model(model, world, t["distributed"])
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=t["lr"], betas=tuple(t["betas"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, config))
+
+    start = 0
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}")
+        start = load_checkpoint(checkpoint, model, optimizer, scheduler, world)
+    elif world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(world)
+    if world.is_main:
+        (run_dir / "config.yaml").write_text(_dump_yaml(config))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
+    sampler = GlobalBatchSampler(len(train_set), t["global_batch_size"], rank=world.rank,
+                                 world_size=world.world_size,
+                                 micro_batch_size=t["micro_batch_size"], seed=config["seed"])
+
+    progress = None
+    if world.is_main and t["progress"]:
+        from tqdm import tqdm
+
+        progress = tqdm(total=t["steps"], initial=start, desc=f"train {strategy.name}",
+                        unit="step", dynamic_ncols=True)
+    window_tokens, window_start = 0, time.perf_counter()
+    for step in range(start, t["steps"]):
+        stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
+                           sampler, config, world)
+        window_tokens += stats["tokens"]
+        done = step + 1
+        if done % t["log_every"] == 0 or done == t["steps"]:
+            elapsed = time.perf_counter() - window_start
+            record = {"split": "train", "step": done, "loss": stats["loss"],
+                      "grad_norm": stats["grad_norm"], "lr": scheduler.get_last_lr()[0],
+                      "tokens_per_s": window_tokens / max(elapsed, 1e-9),
+                      "epoch": sampler.epoch_of(done)}
+            metrics.write(record)
+            window_tokens, window_start = 0, time.perf_counter()
+            if progress is not None:
+                progress.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                     tok_s=f"{record['tokens_per_s']:.0f}")
+        if val_set is not None and (done % t["val_every"] == 0 or done == t["steps"]):
+            val_loss = validate(model, strategy, val_set, collator, config, world)
+            metrics.write({"split": "validation", "step": done, "loss": val_loss})
+            if progress is not None:
+                progress.write(f"step {done}: validation loss {val_loss:.4f}")
+        if done % t["save_every"] == 0 and done < t["steps"]:
+            save_checkpoint(run_dir, done, model, optimizer, scheduler, world)
+        if progress is not None:
+            progress.update(1)
+    if progress is not None:
+        progress.close()
+    final = export_final(run_dir, model, tokenizer, config, strategy, world)
+    if world.is_main:
+        plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
+        print(f"run directory: {run_dir}\nfinal model: {final}")
+    return run_dir
+
+
+def default_run_dir(config: dict) -> Path:
+    task = config["data"]["task"] or "files"
+    return Path("runs") / f"{config['strategy']['name']}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _dump_yaml(config: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(config, sort_keys=False)
