@@ -18,8 +18,7 @@ $(BIN)/dlmkit: pyproject.toml
 install: $(BIN)/dlmkit
 
 demo: install
-	$(BIN)/dlmkit mask show idlm --seq-len 16 --block-size 4
-	$(BIN)/dlmkit mask bench --masks idlm --seq-lens 1024,4096 --methods ours,eager
+	$(BIN)/dlmkit train
 
 test: install
 	$(BIN)/pytest -q -m "not slow"
