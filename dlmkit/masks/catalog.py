@@ -15,8 +15,8 @@ from collections.abc import Callable
 from .core import Mask
 
 _MODULES = (
-    "causal", "diffusion", "window", "prefix", "document", "vision", "natten", "video", "vsa",
-    "jetspec", "dflash", "canvas", "chunk_causal", "decode",
+    "causal", "bidirectional", "diffusion", "hybrid", "window", "prefix", "document", "vision",
+    "natten", "video", "vsa", "jetspec", "dflash", "canvas", "chunk_causal", "decode",
 )
 
 
