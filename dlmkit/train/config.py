@@ -63,18 +63,26 @@ class ConfigError(ValueError):
     pass
 
 
-def _merge(base: dict, update: dict, path: str, *, open_keys: tuple[str, ...]) -> dict:
+# Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
+# task's parameters): merged key by key, not checked against the defaults.
+OPEN_KEYS = ("strategy", "model.config", "data.task_options")
+
+
+def _merge(base: dict, update: dict, path: str = "") -> dict:
+    """``update`` merged into a copy of ``base``; ``path`` is base's dotted key ("" = top)."""
     out = copy.deepcopy(base)
+    is_open = path in OPEN_KEYS
     for key, value in update.items():
-        where = f"{path}{key}"
-        if key not in base and path.rstrip(".") not in open_keys:
+        where = f"{path}.{key}" if path else str(key)
+        if key not in base and not is_open:
             raise ConfigError(f"unknown config key {where!r}; valid keys under "
-                              f"{path.rstrip('.') or 'the top level'}: {', '.join(sorted(base))}")
-        if isinstance(base.get(key), dict) and where not in open_keys and key != "config" \
-                and key != "task_options":
+                              f"{path or 'the top level'}: {', '.join(sorted(base))}")
+        if isinstance(base.get(key), dict):
+            if value is None and where in OPEN_KEYS:
+                value = {}
             if not isinstance(value, dict):
                 raise ConfigError(f"config key {where!r} must be a mapping, got {value!r}")
-            out[key] = _merge(base[key], value, f"{where}.", open_keys=open_keys)
+            out[key] = _merge(base[key], value, where)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -102,13 +110,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        config = _merge(config, loaded, "", open_keys=("strategy",))
+        config = _merge(config, loaded)
     for item in overrides or []:
         keys, value = parse_override(item)
         update: dict = value  # type: ignore[assignment]
         for key in reversed(keys):
             update = {key: update}
-        config = _merge(config, update, "", open_keys=("strategy",))
+        config = _merge(config, update)
     return validate(config)
 
 
@@ -117,32 +125,49 @@ def validate(config: dict) -> dict:
         if not cond:
             raise ConfigError(message)
 
-    t, d = config["train"], config["data"]
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def positive_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    t, d, m = config["train"], config["data"], config["model"]
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "val_every",
                 "save_every"):
-        value = t[key]
-        need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-             f"train.{key} must be a positive int, got {value!r}")
-    need(isinstance(t["lr"], (int, float)) and t["lr"] > 0,
-         f"train.lr must be > 0, got {t['lr']!r}")
-    need(isinstance(t["warmup_steps"], int) and t["warmup_steps"] >= 0,
+        need(positive_int(t[key]), f"train.{key} must be a positive int, got {t[key]!r}")
+    need(number(t["lr"]) and t["lr"] > 0, f"train.lr must be > 0, got {t['lr']!r}")
+    need(isinstance(t["warmup_steps"], int) and not isinstance(t["warmup_steps"], bool)
+         and t["warmup_steps"] >= 0,
          f"train.warmup_steps must be an int >= 0, got {t['warmup_steps']!r}")
-    need(0 <= t["min_lr_ratio"] <= 1,
-         f"train.min_lr_ratio must be in [0, 1], got {t['min_lr_ratio']!r}")
+    need(number(t["min_lr_ratio"]) and 0 <= t["min_lr_ratio"] <= 1,
+         f"train.min_lr_ratio must be a number in [0, 1], got {t['min_lr_ratio']!r}")
+    need(number(t["weight_decay"]) and t["weight_decay"] >= 0,
+         f"train.weight_decay must be a number >= 0, got {t['weight_decay']!r}")
+    need(isinstance(t["betas"], (list, tuple)) and len(t["betas"]) == 2
+         and all(number(b) and 0 <= b < 1 for b in t["betas"]),
+         f"train.betas must be two numbers in [0, 1), got {t['betas']!r}")
     need(t["autocast"] in ("auto", "bf16", "none"),
          f"train.autocast must be auto, bf16 or none, got {t['autocast']!r}")
     need(t["distributed"] in ("ddp", "fsdp2"),
          f"train.distributed must be ddp or fsdp2, got {t['distributed']!r}")
-    need(t["max_grad_norm"] is None or t["max_grad_norm"] > 0,
+    need(t["max_grad_norm"] is None or (number(t["max_grad_norm"]) and t["max_grad_norm"] > 0),
          f"train.max_grad_norm must be > 0 or null, got {t['max_grad_norm']!r}")
-    need(isinstance(config["seed"], int) and config["seed"] >= 0,
-         f"seed must be an int >= 0, got {config['seed']!r}")
+    need(t["loss_chunk_size"] is None or positive_int(t["loss_chunk_size"]),
+         f"train.loss_chunk_size must be a positive int or null, got {t['loss_chunk_size']!r}")
+    need(t["threads"] is None or positive_int(t["threads"]),
+         f"train.threads must be a positive int or null, got {t['threads']!r}")
+    need(isinstance(config["seed"], int) and not isinstance(config["seed"], bool)
+         and config["seed"] >= 0, f"seed must be an int >= 0, got {config['seed']!r}")
+    need(isinstance(d["train_files"], list) and isinstance(d["validation_files"], list),
+         "data.train_files and data.validation_files must be lists of paths, got "
+         f"{d['train_files']!r} and {d['validation_files']!r}")
     need(d["task"] is not None or d["train_files"],
          "data: give a bundled data.task or data.train_files")
-    need(isinstance(d["max_seq_len"], int) and d["max_seq_len"] >= 1,
-         f"data.max_seq_len must be a positive int, got {d['max_seq_len']!r}")
+    for key in ("num_train", "num_validation", "max_seq_len"):
+        need(positive_int(d[key]), f"data.{key} must be a positive int, got {d[key]!r}")
     need(isinstance(config["strategy"], dict) and "name" in config["strategy"],
          "strategy.name is required")
-    need(config["model"]["dtype"] in ("float32", "bfloat16"),
-         f"model.dtype must be float32 or bfloat16, got {config['model']['dtype']!r}")
+    need(isinstance(m["name"], str), f"model.name must be a string, got {m['name']!r}")
+    need(m["dtype"] in ("float32", "bfloat16"),
+         f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
     return config

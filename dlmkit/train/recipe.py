@@ -14,6 +14,7 @@ import json
 import math
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,9 +88,10 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, sampler,
-               config, world: World) -> dict:
-    """One optimizer step over this rank's micro-batches; returns its metrics."""
+def accumulate_gradients(step, model, strategy, dataset, collator, sampler, config,
+                         world: World) -> tuple[float, int]:
+    """Forward and backward over this rank's micro-batches of ``step``; leaves the whole-batch
+    gradient in ``.grad``. Returns (global loss, tokens fed on this rank)."""
     seed = config["seed"]
     prepared = []
     for indices in sampler.micro_batches(step):
@@ -109,24 +111,34 @@ def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, s
     tokens = 0
     for i, p in enumerate(prepared):
         last = i == len(prepared) - 1
+        # DDP must skip the gradient all-reduce for the forward *and* backward of every
+        # micro-batch but the last (one context: no_sync() cannot be entered twice).
         sync = model.no_sync() if world.distributed and not last and hasattr(model, "no_sync") \
             else nullcontext()
-        with sync, autocast_context(config, world.device):
-            out = strategy.loss(model, p, denominators)
-        # DDP/FSDP average gradients over ranks; our losses are already global sums/means.
         with sync:
+            with autocast_context(config, world.device):
+                out = strategy.loss(model, p, denominators)
+            # DDP/FSDP average gradients over ranks; our losses are already global means.
             (out.total * world.world_size).backward()
         loss_sum += out.total.detach().double().cpu()
         tokens += int(p["input_ids"].numel())
     loss = float(all_reduce_sum(loss_sum.to(world.device), world))
+    return loss, tokens
+
+
+def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, sampler,
+               config, world: World) -> dict:
+    """One optimizer step over this rank's micro-batches; returns its metrics."""
+    loss, tokens = accumulate_gradients(step, model, strategy, dataset, collator, sampler,
+                                        config, world)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"step {step}: loss is {loss}; stopping (check lr and data)")
     max_norm = config["train"]["max_grad_norm"]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)) \
         if max_norm else float("nan")
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"step {step}: loss is {loss}; stopping (check lr and data)")
     return {"loss": loss, "grad_norm": grad_norm, "tokens": tokens * world.world_size}
 
 
@@ -191,10 +203,26 @@ def run(config: dict, *, resume: bool = False) -> Path:
         shutdown(world)
 
 
-def _run(config: dict, world: World, resume: bool) -> Path:
+@dataclass
+class Components:
+    """Everything a run trains with, built from the config (see :func:`build_components`)."""
+
+    tokenizer: object
+    strategy: strategies.Strategy
+    collator: Collator
+    train_set: SFTDataset
+    val_set: SFTDataset | None
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: GlobalBatchSampler
+
+
+def build_components(config: dict, world: World) -> Components:
+    """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
+
+    Every input error surfaces here, before any training step."""
     t, d = config["train"], config["data"]
-    if t["threads"]:
-        torch.set_num_threads(int(t["threads"]))
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
@@ -203,13 +231,9 @@ def _run(config: dict, world: World, resume: bool) -> Path:
                             loss_chunk_size=t["loss_chunk_size"])
     collator = build_collator(config, tokenizer, strategy)
     train_set, val_set = build_datasets(config, tokenizer)
-    run_dir = Path(config["output_dir"] or default_run_dir(config))
-    if world.distributed:  # every rank must agree on a timestamped default
-        import torch.distributed as dist
-
-        shared = [str(run_dir)]
-        dist.broadcast_object_list(shared, src=0)
-        run_dir = Path(shared[0])
+    sampler = GlobalBatchSampler(len(train_set), t["global_batch_size"], rank=world.rank,
+                                 world_size=world.world_size,
+                                 micro_batch_size=t["micro_batch_size"], seed=config["seed"])
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -223,6 +247,25 @@ def _run(config: dict, world: World, resume: bool) -> Path:
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=t["lr"], betas=tuple(t["betas"]))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, config))
+    return Components(tokenizer, strategy, collator, train_set, val_set, model, optimizer,
+                      scheduler, sampler)
+
+
+def _run(config: dict, world: World, resume: bool) -> Path:
+    t = config["train"]
+    if t["threads"]:
+        torch.set_num_threads(int(t["threads"]))
+    c = build_components(config, world)
+    tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
+    train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
+    model, optimizer, scheduler = c.model, c.optimizer, c.scheduler
+    run_dir = Path(config["output_dir"] or default_run_dir(config))
+    if world.distributed:  # every rank must agree on a timestamped default
+        import torch.distributed as dist
+
+        shared = [str(run_dir)]
+        dist.broadcast_object_list(shared, src=0)
+        run_dir = Path(shared[0])
 
     start = 0
     if resume:
@@ -236,9 +279,6 @@ def _run(config: dict, world: World, resume: bool) -> Path:
     if world.is_main:
         (run_dir / "config.yaml").write_text(_dump_yaml(config))
     metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
-    sampler = GlobalBatchSampler(len(train_set), t["global_batch_size"], rank=world.rank,
-                                 world_size=world.world_size,
-                                 micro_batch_size=t["micro_batch_size"], seed=config["seed"])
 
     progress = None
     if world.is_main and t["progress"]:
