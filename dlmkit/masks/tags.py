@@ -67,6 +67,7 @@ class TokenTags:
             tensors[name] = torch.where(video, tensors[name], -1).to(torch.int32)
         for name, value in tensors.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_runs", None)  # memo: the tags never change
 
     @property
     def length(self) -> int:
@@ -78,11 +79,14 @@ class TokenTags:
 
     def runs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(start, end)`` int64 ``[n_runs]``: maximal runs of constant (kind, chunk, frame)."""
+        if self._runs is not None:
+            return self._runs
         tags = torch.stack([self.kind, self.chunk, self.frame])
         change = torch.ones(self.length, dtype=torch.bool, device=self.device)
         change[1:] = (tags[:, 1:] != tags[:, :-1]).any(0)
         start = change.nonzero().flatten()
         end = torch.cat([start[1:], torch.tensor([self.length], device=self.device)])
+        object.__setattr__(self, "_runs", (start, end))
         return start, end
 
     def key(self) -> tuple:
@@ -95,6 +99,8 @@ class TokenTags:
         return (str(self.device), rle)
 
     def to(self, device) -> TokenTags:
+        if torch.device(device) == self.device:
+            return self
         return TokenTags(self.kind.to(device), self.chunk.to(device), self.frame.to(device))
 
 
