@@ -14,7 +14,7 @@ from tests.masks.reference_catalog import causal_ref
 from tests.masks.strategies import block_sizes
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), q_len=st.integers(1, 14), kv_len=st.integers(1, 14),
        align=st.sampled_from(["top_left", "bottom_right"]), extra=st.integers(0, 3))
 def test_matches_reference_and_torch(data, q_len, kv_len, align, extra):

@@ -62,7 +62,7 @@ def check(mask, expected, data, empty_rows_allowed=False):
 
 
 # ---------------------------------------------------------------- document
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), total=st.integers(1, 13), n_docs=st.integers(1, 4),
        batch=st.integers(1, 3), kind=st.sampled_from(["causal", "full", "rule"]))
 def test_document_offsets(data, total, n_docs, batch, kind):
@@ -76,7 +76,7 @@ def test_document_offsets(data, total, n_docs, batch, kind):
     check(mask, expected, data)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), q_total=st.integers(1, 11), kv_total=st.integers(1, 11),
        n_docs=st.integers(1, 4), batch=st.integers(1, 2),
        kind=st.sampled_from(["causal", "full", "rule"]))
@@ -91,7 +91,7 @@ def test_document_cross_attention_offsets(data, q_total, kv_total, n_docs, batch
     check(mask, expected, data, empty_rows_allowed=True)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), q_total=st.integers(1, 11), batch=st.integers(1, 2),
        contiguous=st.booleans(), cross=st.booleans(),
        kind=st.sampled_from(["causal", "full", "rule"]))
@@ -180,7 +180,7 @@ def test_document_bad_input():
 
 
 # ---------------------------------------------------------------- packed causal document
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), total=st.integers(1, 14), n_docs=st.integers(1, 5),
        batch=st.integers(1, 3))
 def test_packed_causal_document(data, total, n_docs, batch):
@@ -203,7 +203,7 @@ def test_packed_causal_document_noncontiguous_ids_fallback():
 
 
 # ---------------------------------------------------------------- shared prefix
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), total=st.integers(1, 14), n_docs=st.integers(1, 5),
        batch=st.integers(1, 2))
 def test_shared_prefix(data, total, n_docs, batch):
@@ -231,7 +231,7 @@ def test_shared_prefix_bad_input():
 
 
 # ---------------------------------------------------------------- batchify
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data(), nq=st.integers(1, 5), nkv=st.integers(1, 5), groups=st.integers(1, 4),
        kind=st.sampled_from(["causal", "full", "rule"]))
 def test_batchify(data, nq, nkv, groups, kind):

@@ -20,7 +20,7 @@ def trees(draw, max_nodes=10):
     return [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data(), prefix=st.integers(0, 6), parents=trees())
 def test_tree_matches_reference_and_torch(data, prefix, parents):
     mask = jetspec_tree(prefix, parents)
@@ -69,7 +69,7 @@ def test_tree_bad_input():
         jetspec_tree(0, [-1, -2])
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data(), prefix=st.integers(0, 6), block=st.integers(1, 4),
        n=st.integers(1, 4), anchored=st.sampled_from(["none", "one", "rows"]))
 def test_training_matches_reference_and_torch(data, prefix, block, n, anchored):

@@ -14,7 +14,7 @@ from tests.masks.reference_catalog import prefix_lm_ref
 from tests.masks.strategies import block_sizes
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), seq_len=st.integers(1, 14), per_row=st.booleans())
 def test_matches_reference_and_torch(data, seq_len, per_row):
     if per_row:

@@ -16,7 +16,7 @@ from tests.masks.reference_catalog import flamingo_ref
 from tests.masks.strategies import block_sizes
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(data=st.data(), q_len=st.integers(1, 13), n_images=st.integers(1, 4),
        tokens=st.integers(1, 4), batch=st.integers(1, 3))
 def test_matches_reference_and_torch(data, q_len, n_images, tokens, batch):

@@ -18,7 +18,7 @@ from tests.masks.reference_catalog import (
 from tests.masks.strategies import block_sizes
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), q_len=st.integers(1, 14), extra=st.integers(0, 5),
        window=st.integers(0, 6), align=st.sampled_from(["top_left", "bottom_right"]))
 def test_sliding_window(data, q_len, extra, window, align):
@@ -33,7 +33,7 @@ def test_sliding_window_is_inclusive():
     assert rows == [1, 2, 3, 4, 4, 4, 4, 4, 4, 4]  # window + 1 keys once warmed up
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), seq_len=st.integers(1, 16), window=st.integers(0, 7),
        dilation=st.integers(1, 4))
 def test_dilated_sliding_window(data, seq_len, window, dilation):
@@ -42,7 +42,7 @@ def test_dilated_sliding_window(data, seq_len, window, dilation):
     full_check(mask, expected, block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(data=st.data(), seq_len=st.integers(1, 14), window=st.integers(0, 4),
        batch=st.integers(1, 3))
 def test_global_sliding_window(data, seq_len, window, batch):
