@@ -7,6 +7,7 @@ task on the CPU in a few minutes. Unknown keys are errors that list the valid on
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import yaml
@@ -63,6 +64,24 @@ class ConfigError(ValueError):
     pass
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: PyYAML (YAML 1.1) reads ``3e-3`` (no dot) as a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
 # Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
 # task's parameters): merged key by key, not checked against the defaults.
 OPEN_KEYS = ("strategy", "model.config", "data.task_options")
@@ -94,7 +113,7 @@ def parse_override(item: str) -> tuple[list[str], object]:
     key, raw = item.split("=", 1)
     if not key:
         raise ConfigError(f"--set expects key.sub=value, got {item!r}")
-    return key.split("."), yaml.safe_load(raw) if raw else None
+    return key.split("."), _yaml(raw) if raw else None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
@@ -105,7 +124,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = _yaml(path.read_text()) or {}
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(loaded, dict):

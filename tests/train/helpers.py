@@ -1,0 +1,80 @@
+"""Tiny CPU runs of the SFT recipe for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dlmkit.train import load_config
+
+TINY = [
+    "model.config={hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
+    "num_attention_heads: 4, num_key_value_heads: 4}",
+    "data.num_train=64",
+    "data.num_validation=16",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+    "train.warmup_steps=2",
+    "train.log_every=1",
+    "train.val_every=1000",
+    "train.save_every=1000",
+    "train.progress=false",
+    "train.threads=1",
+]
+
+
+def overrides(*extra: str, strategy: str = "mdlm") -> list[str]:
+    opts = [f"strategy.name={strategy}"]
+    if strategy in ("bd3lm", "hybrid", "idlm"):
+        opts.append("strategy.block_size=4")
+    return TINY + opts + list(extra)
+
+
+def config(*extra: str, strategy: str = "mdlm", output_dir: Path | None = None) -> dict:
+    items = overrides(*extra, strategy=strategy)
+    if output_dir is not None:
+        items.append(f"output_dir={output_dir}")
+    return load_config(None, items)
+
+
+def cli_args(run_dir: Path, *extra: str, strategy: str = "mdlm") -> list[str]:
+    args = ["train", "--output-dir", str(run_dir)]
+    for item in overrides(*extra, strategy=strategy):
+        args += ["--set", item]
+    return args
+
+
+def records(run_dir: Path, split: str = "train") -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def losses(run_dir: Path, split: str = "train") -> list[float]:
+    return [r["loss"] for r in records(run_dir, split)]
+
+
+def env() -> dict:
+    e = dict(os.environ, OMP_NUM_THREADS="1", TQDM_DISABLE="1")
+    e.pop("WORLD_SIZE", None)
+    return e
+
+
+def cli_subprocess(args: list[str], *, nproc: int = 0, **kwargs) -> subprocess.Popen:
+    """``python -m dlmkit.cli ARGS`` (or under torchrun with ``nproc`` ranks)."""
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-port", "0", "-m", "dlmkit.cli", *args]
+    else:
+        cmd = [sys.executable, "-m", "dlmkit.cli", *args]
+    return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
+
+
+def run_cli(args: list[str], *, nproc: int = 0, timeout: float = 300) -> str:
+    proc = cli_subprocess(args, nproc=nproc)
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
