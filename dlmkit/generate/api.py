@@ -1,0 +1,263 @@
+"""The sampling entry points: load an exported model, generate, infill, evaluate.
+
+``generate(model, tokenizer, prompts, config)`` picks the sampler from ``config.sampler``:
+
+============  ==============================================  ============================
+sampler       family / layout it decodes                       module
+============  ==============================================  ============================
+``mdlm``      MDLM / LLaDA, bidirectional, unshifted           :mod:`.masked`
+``scdd``      SCDD, bidirectional, ancestral + final pass      :mod:`.scdd`
+``bd3lm``     BD3-LM, block diffusion over a clean cache       :mod:`.block`
+``hybrid``    hybrid AR + diffusion: ``mode=diffusion``        :mod:`.block` / :mod:`.stream`
+              (block diffusion) or ``mode=ar`` (clean stream)
+``idlm``      I-DLM introspective strided decoding             :mod:`.idlm`
+``ar``        plain autoregressive decoding (any causal LM)    :mod:`.stream`
+============  ==============================================  ============================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .block import sample_blocks
+from .config import SamplerConfig
+from .idlm import sample_isd
+from .masked import infill_masked, sample_masked
+from .runner import Runner
+from .scdd import sample_scdd
+from .stream import sample_ar
+
+META_FILE = "dlmkit.json"
+# Training strategy (dlmkit.json "strategy") -> sampler.
+STRATEGY_SAMPLERS = {"mdlm": "mdlm", "scdd": "scdd", "bd3lm": "bd3lm", "hybrid": "hybrid",
+                     "idlm": "idlm"}
+SCDD_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")
+
+
+@dataclass
+class GenerationResult:
+    """What a sampler produced for a batch of prompts.
+
+    Attributes:
+        tokens: per prompt, the response ids with the stop token and everything after it
+            (EOS fill) removed.
+        texts: ``tokens`` decoded (special tokens skipped).
+        forwards: model forward passes (each over the whole batch).
+        generated: tokens decoded in all, each row counted up to and including its stop token.
+        seconds: wall-clock time of the sampling.
+    """
+
+    tokens: list[list[int]]
+    texts: list[str]
+    forwards: int
+    generated: int
+    seconds: float
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated / max(self.forwards, 1)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / max(self.seconds, 1e-9)
+
+
+@dataclass
+class LoadedModel:
+    """An exported ``RUN/final`` directory: model, tokenizer and ``dlmkit.json``."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    meta: dict
+    path: Path
+
+    def config(self, sampler: str | None = None, **options) -> SamplerConfig:
+        """A :class:`SamplerConfig` for this model: the sampler defaults to the training
+        strategy, ``block_size`` (and SCDD's schedule) to what the model was trained with;
+        ``options`` override (unknown or unused ones are errors)."""
+        strategy = self.meta.get("strategy")
+        if sampler is None:
+            if strategy not in STRATEGY_SAMPLERS:
+                raise ValueError(
+                    f"{self.path / META_FILE}: strategy {strategy!r} has no sampler here; pick "
+                    f"one of {sorted(set(STRATEGY_SAMPLERS.values()) | {'ar'})} explicitly")
+            sampler = STRATEGY_SAMPLERS[strategy]
+        defaults: dict = {}
+        trained_block = self.meta.get("block_size")
+        from .config import OPTIONS
+
+        if trained_block and "block_size" in OPTIONS.get(sampler, ()) and sampler != "mdlm":
+            if not (sampler == "hybrid" and options.get("mode") == "ar"):
+                defaults["block_size"] = int(trained_block)
+        if sampler == "scdd":
+            trained = self.meta.get("options") or {}
+            defaults.update({k: trained[k] for k in SCDD_OPTIONS if k in trained})
+        defaults.update(options)
+        return SamplerConfig.from_options(sampler, **defaults)
+
+
+def load(path: str | Path, *, device: str | torch.device = "cpu",
+         attention: str = "sdpa") -> LoadedModel:
+    """Load ``RUN/final`` (model, tokenizer and ``dlmkit.json``), with clear errors."""
+    from dlmkit.data import load_tokenizer
+    from dlmkit.models import load_exported
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"--model {path}: not a directory (pass the exported RUN/final)")
+    try:
+        tokenizer = load_tokenizer(str(path))
+    except (FileNotFoundError, OSError, ValueError) as err:
+        raise ValueError(f"--model {path}: no usable tokenizer in the model directory ({err})"
+                         ) from None
+    meta_file = path / META_FILE
+    meta: dict = {}
+    if meta_file.is_file():
+        try:
+            meta = json.loads(meta_file.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{meta_file}: not valid JSON ({err})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_file}: expected a JSON object, got {type(meta).__name__}")
+    model = load_exported(path, attention=attention, device=device)
+    mask_id = meta.get("mask_token_id")
+    if mask_id is not None and mask_id != tokenizer.mask_token_id:
+        raise ValueError(f"{meta_file}: mask_token_id {mask_id} differs from the tokenizer's "
+                         f"{tokenizer.mask_token_id}")
+    return LoadedModel(model, tokenizer, meta, path)
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """A user message rendered with the chat template and the generation prompt, as in
+    training; token ids are passed through unchanged."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True).input_ids)
+    return [int(t) for t in prompt]
+
+
+def _strip(tokens: list[int], stop_ids: Sequence[int], mask_id: int) -> tuple[list[int], int]:
+    """``(response, decoded count)``: cut at the first stop token (counted, not kept)."""
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            return tokens[:i], i + 1
+    if mask_id in tokens:
+        raise RuntimeError("internal error: a MASK token survived decoding")
+    return tokens, len(tokens)
+
+
+def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
+             config: SamplerConfig) -> GenerationResult:
+    """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch."""
+    cfg = config.resolved()
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    runner = Runner(model)
+    generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
+    ids = {"mask_id": tokenizer.mask_token_id, "pad_id": tokenizer.pad_token_id}
+    stop_ids = tuple(tokenizer.stop_token_ids)
+    start = time.perf_counter()
+    with torch.no_grad():
+        if cfg.sampler == "mdlm":
+            out = sample_masked(runner, encoded, cfg, stop_ids=stop_ids, generator=generator,
+                                **ids).tolist()
+        elif cfg.sampler == "scdd":
+            out = sample_scdd(runner, encoded, cfg, generator=generator, **ids).tolist()
+        elif cfg.sampler == "bd3lm" or (cfg.sampler == "hybrid" and cfg.mode == "diffusion"):
+            out = sample_blocks(runner, encoded, cfg, stop_ids=stop_ids, generator=generator,
+                                clean_causal=cfg.sampler == "hybrid", **ids).tolist()
+        elif cfg.sampler == "idlm":
+            out = sample_isd(runner, encoded, max_new_tokens=cfg.max_new_tokens,
+                             stride=cfg.block_size, temperature=cfg.temperature,
+                             stop_ids=stop_ids, generator=generator, **ids)
+        else:  # ar, hybrid in ar mode
+            out = sample_ar(runner, encoded, max_new_tokens=cfg.max_new_tokens,
+                            temperature=cfg.temperature, stop_ids=stop_ids,
+                            generator=generator, **ids)
+    seconds = time.perf_counter() - start
+    stripped = [_strip(row, stop_ids, tokenizer.mask_token_id) for row in out]
+    tokens = [t for t, _ in stripped]
+    return GenerationResult(
+        tokens=tokens,
+        texts=[tokenizer.decode(t, skip_special_tokens=True) for t in tokens],
+        forwards=runner.forwards, generated=sum(n for _, n in stripped), seconds=seconds)
+
+
+INFILL_MARKER = "[MASK]"
+
+
+def encode_infill(tokenizer, prompt: str, template: str, span_length: int) -> list[int]:
+    """The conversation ``user: prompt / assistant: template`` with each ``[MASK]`` in
+    ``template`` replaced by ``span_length`` mask tokens (the response region, where the model
+    was trained to denoise)."""
+    if INFILL_MARKER not in template:
+        raise ValueError(f"infill template {template!r} has no {INFILL_MARKER} span to fill")
+    if isinstance(span_length, bool) or not isinstance(span_length, int) or span_length < 1:
+        raise ValueError(f"span_length must be an int >= 1, got {span_length!r}")
+    user = [{"role": "user", "content": prompt}]
+    head = tokenizer.apply_chat_template(user, add_generation_prompt=True).input_ids
+    empty = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": ""}]).input_ids
+    if list(empty[:len(head)]) != list(head):
+        raise ValueError("the chat template is not prefix-stable; cannot place infill spans")
+    body: list[int] = []
+    for i, piece in enumerate(template.split(INFILL_MARKER)):
+        if i:
+            body += [tokenizer.mask_token_id] * span_length
+        body += tokenizer.encode(piece)
+    return list(head) + body + list(empty[len(head):])
+
+
+def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
+           config: SamplerConfig) -> GenerationResult:
+    """Fill the mask tokens of ``sequences`` with the masked-diffusion sampler; ``tokens`` are
+    the whole sequences (every non-mask token unchanged), ``texts`` their decoding. ``steps``
+    defaults to one per mask of the longest row; ``threshold`` applies here too."""
+    masks = max(list(s).count(tokenizer.mask_token_id) for s in sequences)
+    cfg = dataclasses.replace(config, steps=config.steps or max(masks, 1)).resolved()
+    if cfg.sampler not in ("mdlm", "scdd"):
+        raise ValueError(f"infilling needs a bidirectional model (mdlm or scdd), got sampler "
+                         f"{cfg.sampler!r}")
+    runner = Runner(model)
+    generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
+    start = time.perf_counter()
+    out = infill_masked(runner, sequences, cfg, mask_id=tokenizer.mask_token_id,
+                        pad_id=tokenizer.pad_token_id, generator=generator)
+    seconds = time.perf_counter() - start
+    filled = sum(list(s).count(tokenizer.mask_token_id) for s in sequences)
+    return GenerationResult(out, [tokenizer.decode(t, skip_special_tokens=True) for t in out],
+                            runner.forwards, filled, seconds)
+
+
+def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
+             batch_size: int = 32) -> tuple[float, list[dict], GenerationResult]:
+    """Exact match of generated responses against ``records`` (``{"prompt", "response"}``).
+
+    Returns ``(accuracy in [0, 1], per-record rows {prompt, response, output, correct},
+    totals as a GenerationResult over all batches)``.
+    """
+    rows: list[dict] = []
+    forwards = generated = 0
+    seconds = 0.0
+    all_tokens: list[list[int]] = []
+    for at in range(0, len(records), batch_size):
+        chunk = records[at:at + batch_size]
+        result = generate(model, tokenizer, [r["prompt"] for r in chunk], config)
+        forwards += result.forwards
+        generated += result.generated
+        seconds += result.seconds
+        all_tokens += result.tokens
+        for record, text in zip(chunk, result.texts):
+            rows.append({"prompt": record["prompt"], "response": record["response"],
+                         "output": text, "correct": text.strip() == record["response"].strip()})
+    accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
+    totals = GenerationResult(all_tokens, [r["output"] for r in rows], forwards, generated,
+                              seconds)
+    return accuracy, rows, totals

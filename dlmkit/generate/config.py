@@ -1,0 +1,138 @@
+"""Sampler options: one dataclass, checked once, with the options each sampler accepts.
+
+``steps`` means the same for every diffusion sampler: denoising steps for ``max_new_tokens``
+tokens (``steps == max_new_tokens`` is one token per step). Block samplers (bd3lm, hybrid in
+diffusion mode) give each block ``steps * block_size / max_new_tokens`` of them (at least 1);
+the masked-diffusion sampler splits them over its blocks. Setting an option that a sampler does
+not use is an error, not a silent no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .primitives import REMASKING
+
+SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar")
+HYBRID_MODES = ("diffusion", "ar")
+
+_COMMON = {"max_new_tokens", "temperature", "seed"}
+_DIFFUSION = _COMMON | {"steps", "block_size", "remasking", "threshold", "use_cache"}
+# Options each sampler accepts (besides ``sampler``).
+OPTIONS: dict[str, frozenset[str]] = {
+    "mdlm": frozenset(_DIFFUSION),
+    "bd3lm": frozenset(_DIFFUSION),
+    "hybrid": frozenset(_DIFFUSION | {"mode"}),
+    "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak"}),
+    "idlm": frozenset(_COMMON | {"block_size"}),
+    "ar": frozenset(_COMMON),
+}
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How to decode. ``None`` means "the sampler's default" (see :meth:`resolved`).
+
+    Attributes:
+        sampler: one of :data:`SAMPLERS`.
+        max_new_tokens: most tokens generated per prompt (> 0).
+        steps: denoising steps for ``max_new_tokens`` tokens (default ``max_new_tokens``).
+        block_size: mdlm: semi-autoregressive block (default ``max_new_tokens``, must divide
+            it); bd3lm/hybrid: the trained block size (required); idlm: the stride, tokens
+            proposed per forward (default: the trained block size).
+        temperature: 0 = greedy; else Gumbel-max sampling of ``softmax(logits / T)``.
+        remasking: which proposals to commit first: ``low_confidence``, ``random``,
+            ``margin`` or ``entropy``.
+        threshold: confidence-threshold parallel decoding: each step commits every proposal
+            with confidence >= threshold (and at least its scheduled count).
+        use_cache: KV cache. bd3lm/hybrid: exact (the clean blocks' keys/values); mdlm: the
+            Fast-dLLM prefix cache, an approximation (see :mod:`dlmkit.generate.masked`).
+        mode: hybrid only, ``diffusion`` (block diffusion) or ``ar`` (the clean causal stream).
+        seed: seeds the sampler's own ``torch.Generator``.
+        max_ratio, gamma_shape, t_peak: SCDD schedule (must match training).
+    """
+
+    sampler: str
+    max_new_tokens: int = 32
+    steps: int | None = None
+    block_size: int | None = None
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+    use_cache: bool = False
+    mode: str = "diffusion"
+    seed: int = 0
+    max_ratio: float = 0.1
+    gamma_shape: float = 1.0
+    t_peak: float = 0.5
+
+    @classmethod
+    def from_options(cls, sampler: str, **options) -> SamplerConfig:
+        """Build a config, rejecting options ``sampler`` does not use (with the valid ones)."""
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        fields = {f.name for f in dataclasses.fields(cls)} - {"sampler"}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise ValueError(f"unknown sampler option(s) {unknown}; options are {sorted(fields)}")
+        return cls(sampler=sampler, **options).resolved()
+
+    def resolved(self) -> SamplerConfig:
+        """A checked copy with the sampler's defaults filled in."""
+        s = self.sampler
+        if s not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {s!r}")
+        unused = sorted(f.name for f in dataclasses.fields(self)
+                        if f.name != "sampler" and f.name not in OPTIONS[s]
+                        and getattr(self, f.name) != f.default)
+        if unused:
+            raise ValueError(f"sampler {s!r} does not use option(s) {unused}; it accepts "
+                             f"{sorted(OPTIONS[s])}")
+        _int("max_new_tokens", self.max_new_tokens, 1)
+        steps = self.steps
+        if "steps" in OPTIONS[s]:
+            steps = self.max_new_tokens if steps is None else _int("steps", steps, 1)
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not self.temperature >= 0 or math.isinf(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        if self.threshold is not None:
+            if (isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float))
+                    or not 0.0 < self.threshold <= 1.0):
+                raise ValueError(f"threshold must be a number in (0, 1], got {self.threshold!r}")
+            if self.remasking == "random":
+                raise ValueError("threshold needs a model confidence; remasking='random' has "
+                                 "none (use low_confidence, margin or entropy)")
+        if self.mode not in HYBRID_MODES:
+            raise ValueError(f"mode must be one of {HYBRID_MODES}, got {self.mode!r}")
+        _int("seed", self.seed, 0)
+        block = self.block_size
+        if block is not None:
+            _int("block_size", block, 1)
+        if s == "mdlm":
+            block = self.max_new_tokens if block is None else block
+            if self.max_new_tokens % block:
+                raise ValueError(f"block_size={block} must divide max_new_tokens="
+                                 f"{self.max_new_tokens} for the mdlm sampler")
+            blocks = self.max_new_tokens // block
+            if steps < blocks:
+                raise ValueError(f"steps={steps} must be >= the number of blocks ({blocks} = "
+                                 f"max_new_tokens / block_size) for the mdlm sampler")
+        elif s in ("bd3lm", "hybrid", "idlm") and block is None and not (
+                s == "hybrid" and self.mode == "ar"):
+            raise ValueError(f"sampler {s!r} needs block_size (the trained block size; it is "
+                             "read from the model's dlmkit.json when there is one)")
+        return dataclasses.replace(self, steps=steps, block_size=block)
+
+    def block_steps(self) -> int:
+        """Steps per block for the block samplers."""
+        return max(1, round(self.steps * self.block_size / self.max_new_tokens))
+
+
+def _int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value

@@ -1,0 +1,100 @@
+"""I-DLM introspective strided decoding (ISD).
+
+I-DLM is trained on ``[x_t | x_0]`` under ``idlm(L, S)`` with both halves shifted (position
+``i`` predicts token ``i + 1``): the clean stream is an ordinary causal LM, and a noisy block of
+MASK tokens starting at ``B`` (seeing the clean tokens before ``B``, causal inside) predicts
+tokens ``B + 1 .. B + N``. One forward therefore both *verifies* and *proposes*:
+
+    queries  [anchor, d_1 .. d_V  (clean, to verify) | N MASK (noisy, to propose)]
+    keys     [cache | the same]        mask: causal (``idlm_decode``)
+
+* the anchor (the token the clean stream predicted last time) is already exact;
+* proposal ``d_i`` is accepted while the clean logits before it agree (greedy: it equals their
+  argmax; sampling: accepted with probability ``min(1, p(d)/q(d))``, a rejection resamples from
+  ``max(0, p - q)``), so the committed tokens are exactly what autoregressive decoding of the
+  clean stream would produce (greedy: token for token);
+* the clean logits after the last accepted token give the next anchor;
+* if every proposal was accepted, the noisy block (which sat right after them) holds valid
+  proposals for the ``N`` tokens after the anchor; otherwise the next forward proposes afresh.
+
+Each forward commits between 1 and ``N + 1`` tokens per row. Rejected proposals stay in the KV
+cache as holes the mask blocks (:mod:`.stream`), so rows of a batch advance independently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .primitives import gumbel, sample_tokens
+from .stream import CausalStream, exclude, pad_chunks
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One sample of a float64 probability vector (Gumbel-max on its log)."""
+    return int((probs.log() + gumbel(probs.shape, generator, probs.device)).argmax())
+
+
+def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stride: int,
+               temperature: float, mask_id: int, pad_id: int, stop_ids: Sequence[int],
+               generator: torch.Generator) -> list[list[int]]:
+    """Each row's tokens, up to and including its first stop token (at most
+    ``max_new_tokens``)."""
+    batch = len(prompts)
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    stream = CausalStream(runner, batch)
+    stops = set(stop_ids)
+    out: list[list[int]] = [[] for _ in range(batch)]
+    active = [True] * batch
+    feed = [list(p) for p in prompts]  # clean tokens of the next forward
+    known = [len(p) for p in prompts]  # how many of them are already committed
+    draft_q: list[torch.Tensor | None] = [None] * batch  # proposal distributions (sampling)
+    while any(active):
+        ids, valid = pad_chunks([f if a else [] for f, a in zip(feed, active)], pad_id,
+                                runner.device)
+        clean, noisy = stream.forward(ids, valid, stride, mask_id)
+        clean, noisy = exclude(clean, mask_id), exclude(noisy, mask_id)
+        width = ids.shape[1]
+        keep = torch.zeros_like(valid, dtype=torch.bool)
+        for row in range(batch):
+            if not active[row]:
+                continue
+            fed, a = feed[row], known[row]
+            col0 = width - len(fed)  # column of fed[0]
+            accepted, anchor = 0, None
+            for i in range(a, len(fed)):
+                logits = clean[row, col0 + i - 1]
+                if temperature == 0:
+                    if int(logits.argmax()) != fed[i]:
+                        break
+                else:
+                    p = torch.softmax(logits.double() / temperature, -1)
+                    q = draft_q[row][i - a]
+                    ratio = (p[fed[i]] / q[fed[i]]).clamp(max=1.0)
+                    if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
+                        residual = (p - q).clamp(min=0)
+                        anchor = _draw(residual / residual.sum(), generator)
+                        break
+                accepted += 1
+            last = col0 + a - 1 + accepted
+            keep[row, col0:last + 1] = True
+            if anchor is None:
+                anchor = int(sample_tokens(clean[row, last], temperature, generator))
+            new = fed[a:a + accepted] + [anchor]
+            for token in new:
+                out[row].append(token)
+                if token in stops or len(out[row]) >= max_new_tokens:
+                    active[row] = False
+                    break
+            if accepted == len(fed) - a:
+                proposals = sample_tokens(noisy[row], temperature, generator).tolist()
+                if temperature > 0:
+                    draft_q[row] = torch.softmax(noisy[row].double() / temperature, -1)
+                feed[row] = [anchor, *proposals]
+            else:
+                feed[row] = [anchor]
+            known[row] = 1
+        stream.commit(keep)
+    return out

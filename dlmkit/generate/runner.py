@@ -1,0 +1,105 @@
+"""Calling the model during decoding: masks for any backend, an optional KV cache, a count of
+forwards; and the batch layout shared by the samplers.
+
+Ragged prompts are **left-padded**: row ``b`` of a ``[B, P]`` prompt batch holds its
+``P_b`` tokens in columns ``[P - P_b, P)``, so every row's generation starts in the same column.
+Padding is harmless because every decode mask blocks padded keys, and each token gets its own
+row's position id (``column - pad_b``): a padded row computes exactly what it would alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from dlmkit.masks import Mask
+
+
+class Runner:
+    """``runner(ids, mask, positions, cache=None) -> float logits [B, Q, V]``; counts forwards.
+
+    ``model`` is a Hugging Face causal LM (its ``config._attn_implementation`` decides how a
+    ``Mask`` is rendered: bool for sdpa, ``BlockMask`` for flex, additive for eager) or any
+    module called as ``model(input_ids=, attention_mask=, position_ids=, **kw)`` returning
+    logits or an object with ``.logits`` (then the mask is given as a dense bool tensor).
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.forwards = 0
+        config = getattr(model, "config", None)
+        self.implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.x renamed past_key_values -> cache (the old name warns).
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        try:
+            self.dtype = next(model.parameters()).dtype
+        except StopIteration:
+            self.dtype = torch.float32
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:
+            return torch.device("cpu")
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, mask: Mask, position_ids: torch.Tensor,
+                 cache=None) -> torch.Tensor:
+        from dlmkit.models import mask_argument
+
+        attention = mask_argument(mask, self.implementation, self.dtype)
+        if isinstance(attention, torch.Tensor) and attention.shape[0] != input_ids.shape[0]:
+            attention = attention.expand(input_ids.shape[0], *attention.shape[1:])
+        kwargs = {}
+        if cache is not None:
+            kwargs = {self._cache_kw: cache, "use_cache": True}
+        elif hasattr(self.model, "config"):
+            kwargs = {"use_cache": False}
+        out = self.model(input_ids=input_ids, attention_mask=attention,
+                         position_ids=position_ids, **kwargs)
+        self.forwards += 1
+        logits = out if isinstance(out, torch.Tensor) else out.logits
+        return logits.float()
+
+
+def rule_mask(rule, q_len: int, kv_len: int, batch: int, name: str, device) -> Mask:
+    """A per-row ``Mask`` from a rule over absolute key columns."""
+    return Mask.from_rule(rule, q_len, kv_len, batch, name=name, device=device)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device,
+             multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, valid)`` ``[B, P]`` long: prompts right-aligned, ``P`` the longest prompt."""
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        valid[row, width - len(p):] = 1
+    return ids.to(device), valid.to(device)
+
+
+def positions(valid: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded layout: real tokens count from 0; padding gets 0."""
+    return (valid.long().cumsum(1) - 1).clamp(min=0)
+
+
+def first_stop(tokens: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """``[B]`` index of each row's first stop token in ``tokens [B, G]`` (``G`` if none)."""
+    stops = torch.isin(tokens, torch.as_tensor(list(stop_ids), device=tokens.device))
+    index = torch.arange(tokens.shape[1], device=tokens.device)
+    return torch.where(stops, index, tokens.shape[1]).amin(1)

@@ -1,0 +1,94 @@
+"""SCDD ancestral sampler: masks denoise while visible tokens are revised in place.
+
+The model (bidirectional, unshifted, MASK logit excluded) gives ``p(x | z_t)`` at every
+response position. With the forward marginal of :mod:`dlmkit.diffusion.schedules`
+(``q(z_t | x) = gamma_t (rho_t x + (1 - rho_t) u) + (1 - gamma_t) MASK``, ``u`` uniform over the
+``K = V - 1`` non-mask tokens), one step ``t -> s < t`` samples the exact posterior
+``q(z_s | z_t, x)`` with ``x`` replaced by the model's ``p`` — the same posterior the SCDD loss
+matches, so the sampler runs the process the model was trained to reverse:
+
+* ``z_t = MASK``: stays MASK with probability ``(1 - gamma_s) / (1 - gamma_t)``; otherwise
+  ``z_s = v`` with probability proportional to ``(1 - rho_s) / K + rho_s p(v)``;
+* ``z_t = z`` visible: ``z_s = v`` with weight ``((1 - rho_s) / K + rho_s p(v)) *
+  (alpha [v = z] + (1 - alpha) / K)``, ``alpha = rho_t / rho_s`` (``z`` came from ``v`` by the
+  keep-or-resample transition); a visible token never becomes MASK again.
+
+Times run ``1 = t_0 > ... > t_steps = 0`` on a uniform grid (the last step reaches ``t = 0``:
+every mask is released). A final pass then takes the model's argmax at **every** response
+position, which removes uniform-channel noise that the last steps left. ``steps + 1`` forwards.
+Temperature divides the logits before ``p`` is formed; ``0`` makes ``p`` one-hot (argmax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
+from dlmkit.masks.bidirectional import bidirectional
+
+from .config import SamplerConfig
+from .primitives import gumbel
+from .runner import Runner, left_pad, positions
+
+
+def _model_probs(logits: torch.Tensor, mask_id: int, temperature: float) -> torch.Tensor:
+    """float64 ``p [B, G, V]`` over non-mask tokens (``p[..., mask_id] == 0``)."""
+    logits = logits.double().clone()
+    logits[..., mask_id] = float("-inf")
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+    return torch.softmax(logits / temperature, -1)
+
+
+def step_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_id: int,
+                 schedule: dict) -> torch.Tensor:
+    """Unnormalised ``q(z_s = v | z_t = z, x ~ p)`` ``[B, G, V]`` (float64); see the module."""
+    vocab = p.shape[-1]
+    k = vocab - 1
+    at_t = scdd_schedule(t, **schedule)
+    at_s = scdd_schedule(s, **schedule)
+    rho_s = at_s.rho.clamp_min(1e-30)
+    prior = (1.0 - at_s.rho) / k + at_s.rho * p  # q(z_s = v | not absorbed), x ~ p
+    prior[..., mask_id] = 0.0
+    # MASK now: release with (gamma_s - gamma_t) / (1 - gamma_t), else stay MASK.
+    absorbed_t = (1.0 - at_t.gamma).clamp_min(1e-30)
+    release = ((at_s.gamma - at_t.gamma) / absorbed_t).clamp(0.0, 1.0)
+    from_mask = release * prior
+    from_mask[..., mask_id] = ((1.0 - at_s.gamma) / absorbed_t).clamp(0.0, 1.0)
+    # Visible z: it came from v by "keep" (alpha) or "resample uniformly" (1 - alpha).
+    alpha = (at_t.rho / rho_s).clamp(0.0, 1.0)
+    keep = torch.nn.functional.one_hot(z.clamp(max=vocab - 1), vocab).double()
+    from_visible = prior * (alpha * keep + (1.0 - alpha) / k)
+    from_visible[..., mask_id] = 0.0
+    weights = torch.where((z == mask_id).unsqueeze(-1), from_mask, from_visible)
+    return weights.clamp_min(0.0)
+
+
+def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
+                mask_id: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
+    """Generated tokens ``[B, max_new_tokens]`` (stop and fill still in place)."""
+    schedule = {"max_ratio": cfg.max_ratio, "gamma_shape": cfg.gamma_shape,
+                "t_peak": cfg.t_peak}
+    check_scdd_params(**schedule)
+    device = runner.device
+    ids, valid = left_pad(prompts, pad_id, device)
+    batch, width = ids.shape
+    gen = cfg.max_new_tokens
+    x = torch.cat([ids, torch.full((batch, gen), mask_id, device=device)], 1)
+    valid = torch.cat([valid, torch.ones((batch, gen), dtype=valid.dtype, device=device)], 1)
+    pos = positions(valid)
+    mask = bidirectional(x.shape[1], valid, device=device)
+    grid = torch.linspace(1.0, 0.0, cfg.steps + 1, dtype=torch.float64).tolist()
+    for t, s in zip(grid[:-1], grid[1:]):
+        p = _model_probs(runner(x, mask, pos)[:, width:], mask_id, cfg.temperature)
+        weights = step_weights(x[:, width:], p, t, s, mask_id, schedule)
+        total = weights.sum(-1, keepdim=True)
+        logw = torch.where(weights > 0, weights.log(), float("-inf"))
+        drawn = (logw + gumbel(logw.shape, generator, device)).argmax(-1)
+        # A position whose weights are all zero (numerically impossible move) keeps its token.
+        x[:, width:] = torch.where(total.squeeze(-1) > 0, drawn, x[:, width:])
+    logits = runner(x, mask, pos)[:, width:].clone()
+    logits[..., mask_id] = float("-inf")
+    return logits.argmax(-1)
