@@ -39,6 +39,7 @@ META_FILE = "dlmkit.json"
 STRATEGY_SAMPLERS = {"mdlm": "mdlm", "scdd": "scdd", "bd3lm": "bd3lm", "hybrid": "hybrid",
                      "idlm": "idlm"}
 SCDD_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")
+TOKENIZER_FILES = ("dlmkit_tokenizer.json", "tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass
@@ -112,6 +113,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"--model {path}: not a directory (pass the exported RUN/final)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"--model {path}: no tokenizer in the model directory (expected one of "
+                         f"{', '.join(TOKENIZER_FILES)}; the recipe saves it next to the model)")
     try:
         tokenizer = load_tokenizer(str(path))
     except (FileNotFoundError, OSError, ValueError) as err:

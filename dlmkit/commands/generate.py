@@ -1,0 +1,149 @@
+"""``dlmkit generate``: decode prompts with an exported model and report the speed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# CLI flag -> SamplerConfig field; only flags the user sets are passed on, so a flag the chosen
+# sampler does not use is reported instead of ignored.
+SAMPLER_FLAGS = {
+    "max_new_tokens": int, "steps": int, "block_size": int, "temperature": float,
+    "remasking": str, "threshold": float, "mode": str, "seed": int, "max_ratio": float,
+    "gamma_shape": float, "t_peak": float,
+}
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and sampler options shared by ``generate`` and ``eval``."""
+    from dlmkit.generate import REMASKING, SAMPLERS
+
+    parser.add_argument("--model", required=True, help="exported model directory (RUN/final)")
+    parser.add_argument("--device", default="cpu", help="torch device")
+    parser.add_argument("--attention", default="sdpa",
+                        choices=("sdpa", "flex_attention", "eager"), help="attention backend")
+    parser.add_argument("--batch-size", type=int, default=32, help="prompts per batch")
+    group = parser.add_argument_group(
+        "sampler options", "Defaults come from the sampler and the model's dlmkit.json; setting "
+                           "an option the sampler does not use is an error.")
+    group.add_argument("--sampler", choices=SAMPLERS,
+                       help="decoder (default: the model's training strategy)")
+    group.add_argument("--max-new-tokens", type=int, help="most tokens per response (32)")
+    group.add_argument("--steps", type=int,
+                       help="denoising steps for max-new-tokens tokens (= max-new-tokens)")
+    group.add_argument("--block-size", type=int,
+                       help="mdlm: semi-AR block (must divide max-new-tokens); bd3lm/hybrid: the "
+                            "trained block; idlm: stride (default: trained block size)")
+    group.add_argument("--temperature", type=float, help="0 = greedy (default)")
+    group.add_argument("--remasking", choices=REMASKING, help="commit order (low_confidence)")
+    group.add_argument("--threshold", type=float,
+                       help="confidence-threshold parallel decoding, in (0, 1]")
+    group.add_argument("--cache", dest="use_cache", action="store_true", default=None,
+                       help="KV cache (exact for bd3lm/hybrid; approximate prefix cache for mdlm)")
+    group.add_argument("--mode", choices=("diffusion", "ar"), help="hybrid: decoding mode")
+    group.add_argument("--seed", type=int, help="sampler seed (0)")
+    group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
+    group.add_argument("--gamma-shape", type=float, help="scdd schedule (default: as trained)")
+    group.add_argument("--t-peak", type=float, help="scdd schedule (default: as trained)")
+
+
+def sampler_options(args) -> dict:
+    options = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k) is not None}
+    if args.use_cache is not None:
+        options["use_cache"] = True
+    return options
+
+
+def load_and_configure(args, **extra):
+    """``(LoadedModel, SamplerConfig)``; bad input becomes ``SystemExit('error: ...')``."""
+    from dlmkit.generate import load
+
+    if args.batch_size < 1:
+        raise SystemExit(f"error: --batch-size must be >= 1, got {args.batch_size}")
+    try:
+        loaded = load(args.model, device=args.device, attention=args.attention)
+        config = loaded.config(args.sampler, **sampler_options(args), **extra)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    return loaded, config
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="decode prompts with an exported model",
+        description="Decode prompts with a model exported by `dlmkit train` (RUN/final). Prints "
+                    "each response, then forwards, tokens per forward and tokens/s.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  dlmkit generate --model runs/x/final --prompt 'rev abc'\n"
+               "  dlmkit generate --model runs/x/final --file prompts.jsonl --threshold 0.9\n"
+               "  dlmkit generate --model runs/x/final --prompt 'rev abc' --infill 'c[MASK]a'")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", action="append",
+                        help="a user message (repeat for a batch)")
+    source.add_argument("--file", help="JSONL: one {\"prompt\": ...} object (or a JSON string) "
+                                       "per line")
+    parser.add_argument("--infill", metavar="TEMPLATE",
+                        help="fill each [MASK] of this response template (mdlm/scdd models)")
+    parser.add_argument("--span-length", type=int, default=4,
+                        help="mask tokens per [MASK] span with --infill")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_sampler_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def read_prompts(path: str) -> list[str]:
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"error: --file {path}: no such file")
+    prompts = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"error: {path}:{number}: not valid JSON ({err})") from None
+        if isinstance(item, dict):
+            item = item.get("prompt")
+        if not isinstance(item, str):
+            raise SystemExit(f"error: {path}:{number}: expected a JSON string or an object with "
+                             "a string 'prompt'")
+        prompts.append(item)
+    if not prompts:
+        raise SystemExit(f"error: {path}: no prompts")
+    return prompts
+
+
+def run(args) -> int:
+    from dlmkit.generate import GenerationResult, encode_infill, generate, infill
+
+    prompts = args.prompt if args.prompt is not None else read_prompts(args.file)
+    loaded, config = load_and_configure(args)
+    results: list[GenerationResult] = []
+    for at in range(0, len(prompts), args.batch_size):
+        chunk = prompts[at:at + args.batch_size]
+        try:
+            if args.infill is not None:
+                sequences = [encode_infill(loaded.tokenizer, p, args.infill, args.span_length)
+                             for p in chunk]
+                results.append(infill(loaded.model, loaded.tokenizer, sequences, config))
+            else:
+                results.append(generate(loaded.model, loaded.tokenizer, chunk, config))
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
+    texts = [t for r in results for t in r.texts]
+    forwards = sum(r.forwards for r in results)
+    generated = sum(r.generated for r in results)
+    seconds = sum(r.seconds for r in results)
+    for prompt, text in zip(prompts, texts):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "output": text}))
+        else:
+            print(f"> {prompt}\n{text}")
+    print(f"sampler: {config.sampler}  forwards: {forwards}  tokens: {generated}  "
+          f"tokens/forward: {generated / max(forwards, 1):.2f}  "
+          f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=sys.stderr if args.json
+          else sys.stdout)
+    return 0

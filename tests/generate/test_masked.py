@@ -1,0 +1,153 @@
+"""MDLM / LLaDA sampler, infilling, SCDD ancestral sampler."""
+
+import pytest
+import torch
+
+from dlmkit.generate import SamplerConfig, generate, infill
+from dlmkit.generate.runner import Runner
+from dlmkit.generate.scdd import step_weights
+
+from .helpers import MASK, STOPS, TOK, V, Recorder, Rigged, positional_logits, prompt_ids, \
+    tiny_model
+
+TEXTS = ["rev abc", "sort 31", "99+1=", "x"]  # ragged
+
+
+def run(model, sampler, texts=TEXTS, **options):
+    return generate(model, TOK, texts, SamplerConfig.from_options(sampler, **options))
+
+
+def check_clean(result, max_new):
+    for row in result.tokens:
+        assert MASK not in row and len(row) <= max_new
+        assert not set(row) & set(STOPS)
+
+
+@pytest.mark.parametrize("options", [
+    dict(max_new_tokens=8, block_size=4),
+    dict(max_new_tokens=8, temperature=1.0, remasking="random", steps=4),
+    dict(max_new_tokens=8, block_size=2, remasking="margin", threshold=0.5, steps=4),
+    dict(max_new_tokens=8, remasking="entropy", use_cache=True),
+])
+def test_mdlm_no_mask_left_prompt_preserved(options):
+    rec = Recorder(tiny_model())
+    result = run(rec, "mdlm", **options)
+    check_clean(result, 8)
+    prompts = prompt_ids(*TEXTS)
+    width = max(map(len, prompts))
+    for call in rec.calls:
+        if call["ids"].shape[1] < width + 8:
+            continue  # a cached step runs only the suffix
+        for row, p in enumerate(prompts):
+            assert call["ids"][row, width - len(p):width].tolist() == p
+    assert result.forwards == len(rec.calls) and result.forwards <= options.get("steps", 8)
+
+
+def test_mdlm_ragged_rows_equal_rows_alone():
+    model = tiny_model()
+    batch = run(model, "mdlm", max_new_tokens=8, block_size=4)
+    for text, tokens in zip(TEXTS, batch.tokens):
+        assert run(model, "mdlm", [text], max_new_tokens=8, block_size=4).tokens[0] == tokens
+
+
+def test_same_seed_same_output():
+    model = tiny_model()
+    for sampler, opts in [("mdlm", dict(steps=4)), ("scdd", dict(steps=3))]:
+        a = run(model, sampler, max_new_tokens=8, temperature=1.0, seed=5, **opts)
+        b = run(model, sampler, max_new_tokens=8, temperature=1.0, seed=5, **opts)
+        c = run(model, sampler, max_new_tokens=8, temperature=1.0, seed=6, **opts)
+        assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def falling_confidence(ids, pos):
+    """Every position proposes 'a'; confidence falls with the position id."""
+    logits = torch.zeros(*ids.shape, V)
+    logits[..., 97] = 10.0 - 0.1 * pos.float()
+    logits[..., MASK] = 50.0
+    return logits
+
+
+def test_rigged_confidence_decodes_left_to_right():
+    fake = Rigged(falling_confidence)
+    run(fake, "mdlm", ["hi"], max_new_tokens=6)
+    width = len(prompt_ids("hi")[0])
+    order = []
+    for (ids, _), (nxt, _) in zip(fake.calls, fake.calls[1:] + [(None, None)]):
+        if nxt is not None:
+            order += (ids[0, width:] == MASK).logical_and(nxt[0, width:] != MASK).nonzero()[:, 0].tolist()
+    assert order == sorted(order) and len(fake.calls) == 6
+
+
+def test_threshold_never_strands_masks_and_saves_forwards():
+    # confidence 0.6 everywhere: a 0.99 threshold commits only the schedule's share
+    def flat(ids, pos):
+        logits = torch.full((*ids.shape, V), -30.0)
+        logits[..., 97] = 0.0
+        logits[..., 98] = -0.4
+        return logits
+
+    result = run(Rigged(flat), "mdlm", ["hi", "there"], max_new_tokens=8, block_size=4,
+                 steps=2, threshold=0.99)
+    assert result.forwards == 2 and all(len(t) == 8 for t in result.tokens)
+    confident = run(Rigged(positional_logits(sharp=20.0)), "mdlm", ["hi"], max_new_tokens=8,
+                    threshold=0.9)
+    assert confident.forwards == 1 and len(confident.tokens[0]) == 8
+    one_per_step = run(Rigged(positional_logits(sharp=20.0)), "mdlm", ["hi"], max_new_tokens=8)
+    assert one_per_step.forwards == 8 and one_per_step.tokens == confident.tokens
+
+
+def test_per_row_stop_ends_early_and_strips_fill():
+    end = TOK.end_of_turn_token_id
+
+    def answer(ids, pos):  # "ok" then end-of-turn then EOS fill, very confident
+        target = torch.where(pos == 6, 111, torch.where(pos == 7, 107, torch.where(
+            pos == 8, end, TOK.eos_token_id)))
+        return positional_logits(sharp=30.0, target=lambda p: target)(ids, pos)
+
+    result = run(Rigged(answer), "mdlm", ["hi"], max_new_tokens=16, block_size=4)
+    assert result.texts == ["ok"] and result.forwards == 3 and result.generated == 3
+
+
+def test_infill_respects_spans():
+    seq = [*prompt_ids("rev abc")[0], 99, MASK, MASK, 97, MASK, TOK.end_of_turn_token_id]
+    short = [*prompt_ids("x")[0], MASK, 98]
+    result = infill(tiny_model(), TOK, [seq, short], SamplerConfig("mdlm", threshold=0.5))
+    for before, after in zip([seq, short], result.tokens):
+        assert len(after) == len(before) and MASK not in after
+        assert all(a == b for a, b in zip(after, before) if b != MASK)
+    assert result.forwards <= 3
+
+
+def test_scdd_no_mask_and_final_pass_denoises_everything():
+    fn = positional_logits(sharp=8.0)
+    result = run(Rigged(fn), "scdd", ["hi", "longer prompt"], max_new_tokens=6, steps=4,
+                 temperature=1.0)
+    assert result.forwards == 5
+    for text, p in zip(result.tokens, prompt_ids("hi", "longer prompt")):
+        assert text == [97 + q % 20 for q in range(len(p), len(p) + 6)]
+    check_clean(run(tiny_model(), "scdd", max_new_tokens=8, steps=3, temperature=1.0), 8)
+
+
+def test_scdd_step_weights_are_the_posterior():
+    p = torch.softmax(torch.randn(1, 2, 7, dtype=torch.float64), -1)
+    p[..., 6] = 0
+    p = p / p.sum(-1, keepdim=True)
+    z = torch.tensor([[6, 2]])  # MASK (id 6), visible 2
+    schedule = dict(max_ratio=0.1, gamma_shape=1.0, t_peak=0.5)
+    w = step_weights(z, p, 0.6, 0.5, 6, schedule)
+    # from MASK: mass that stays MASK + mass released sums to one
+    assert w[0, 0].sum().item() == pytest.approx(1.0)
+    # t -> s = 0 releases every mask into p and keeps no MASK
+    w0 = step_weights(z, p, 0.2, 0.0, 6, schedule)
+    assert w0[0, 0, 6].item() == 0 and torch.allclose(w0[0, 0] / w0[0, 0].sum(), p[0, 0])
+    assert w[0, 1, 6].item() == 0 and bool((w >= 0).all())
+    # max_ratio = 0 is MDLM: a visible token never changes
+    w_mdlm = step_weights(z, p, 0.6, 0.5, 6, dict(max_ratio=0.0, gamma_shape=1.0, t_peak=0.5))
+    assert (w_mdlm[0, 1] > 0).nonzero().flatten().tolist() == [2]
+
+
+def test_runner_counts_forwards():
+    runner = Runner(Rigged(positional_logits()))
+    from dlmkit.masks import causal
+    runner(torch.zeros(1, 3, dtype=torch.long), causal(3), torch.arange(3)[None])
+    assert runner.forwards == 1

@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from dlmkit.generate.masked import split_steps
+from dlmkit.generate.primitives import (
+    confidence,
+    sample_tokens,
+    scheduled_count,
+    select_transfers,
+)
+
+
+@pytest.mark.parametrize("masks,steps", [(10, 4), (7, 7), (3, 5), (32, 8), (1, 1)])
+def test_schedule_reproduces_llada_linear_split(masks, steps):
+    remaining, counts = torch.tensor([masks]), []
+    for left in range(steps, 0, -1):
+        k = scheduled_count(remaining, left)
+        counts.append(int(k))
+        remaining = remaining - k
+    assert counts == [masks // steps + (i < masks % steps) for i in range(steps)]
+    assert int(remaining) == 0
+
+
+def test_split_steps():
+    assert split_steps(10, 4) == [3, 3, 2, 2] and sum(split_steps(7, 7)) == 7
+
+
+def test_select_topk_and_threshold():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.95, 0.2]])
+    cand = torch.tensor([[True, True, True, False, True]])
+    top1 = select_transfers(scores, cand, torch.tensor([1]))
+    assert top1.tolist() == [[False, True, False, False, False]]
+    # threshold above every score still commits one; never a non-candidate
+    one = select_transfers(scores, cand, torch.tensor([0]), threshold=0.99)
+    assert one.sum() == 1 and bool(one[0, 1])
+    many = select_transfers(scores, cand, torch.tensor([1]), threshold=0.4)
+    assert many.tolist() == [[False, True, True, False, False]]
+    # the schedule's count is a floor even with a threshold
+    floor = select_transfers(scores, cand, torch.tensor([3]), threshold=0.99)
+    assert floor.sum() == 3 and not bool(floor[0, 3])
+    none = select_transfers(scores, torch.zeros_like(cand), torch.tensor([2]), threshold=0.5)
+    assert not none.any()
+
+
+def test_confidence_in_unit_interval_and_gumbel_seeded():
+    logits = torch.randn(3, 5, 11)
+    tokens = logits.argmax(-1)
+    for rule in ("low_confidence", "margin", "entropy", "random"):
+        c = confidence(logits, tokens, rule, torch.Generator().manual_seed(0))
+        assert c.shape == tokens.shape and bool(((c >= 0) & (c <= 1)).all())
+    one_hot = torch.full((1, 1, 4), -1e9)
+    one_hot[..., 2] = 0
+    assert confidence(one_hot, torch.tensor([[2]]), "entropy", None).item() == pytest.approx(1)
+    a = sample_tokens(logits, 1.0, torch.Generator().manual_seed(3))
+    b = sample_tokens(logits, 1.0, torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    assert torch.equal(sample_tokens(logits, 0.0, None), tokens)
+    # Gumbel-max samples follow softmax(logits / T)
+    probs = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1)
+    draws = sample_tokens(torch.tensor([0.0, 1.0, 2.0]).expand(20000, 3), 1.0,
+                          torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=3).float() / 20000
+    assert torch.allclose(freq, probs, atol=0.02)
