@@ -50,15 +50,21 @@ def _chain(seed: int, step: int, sample_index: int) -> int:
 def sample_seed(seed: int, step: int, sample_index: int) -> int:
     """Seed in ``[0, 2^63)`` for the training noise of global sample ``sample_index`` at
     optimizer step ``step`` of a run configured with ``seed`` (all non-negative ints)."""
-    return _chain(_check("seed", seed, 1 << _BITS), _check("step", step, _MAX_STEP),
-                  _check("sample_index", sample_index, 1 << _BITS))
+    return _chain(
+        _check("seed", seed, 1 << _BITS),
+        _check("step", step, _MAX_STEP),
+        _check("sample_index", sample_index, 1 << _BITS),
+    )
 
 
 def validation_seed(seed: int, sample_index: int) -> int:
     """Seed in ``[0, 2^63)`` for the validation noise of sample ``sample_index``; it does not
     depend on the training step and differs from every training seed of that sample."""
-    return _chain(_check("seed", seed, 1 << _BITS), _VALIDATION_STEP,
-                  _check("sample_index", sample_index, 1 << _BITS))
+    return _chain(
+        _check("seed", seed, 1 << _BITS),
+        _VALIDATION_STEP,
+        _check("sample_index", sample_index, 1 << _BITS),
+    )
 
 
 def _generators(seeds: Iterable[int], device: torch.device | str) -> list[torch.Generator]:

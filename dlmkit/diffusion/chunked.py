@@ -49,7 +49,7 @@ class _ChunkedWeightedLoss(torch.autograd.Function):
         n = x.shape[0]
         out = torch.zeros(num_groups, dtype=torch.float32, device=x.device)
         pred = torch.full((n if want_argmax else 0,), -1, dtype=torch.long, device=x.device)
-        gx = torch.zeros_like(x) if need_x else None
+        gx = torch.empty_like(x) if need_x else None  # every chunk writes its rows
         gw = (torch.zeros((num_groups, *weight.shape), dtype=torch.float32, device=x.device)
               if need_w else None)
         gb = (torch.zeros((num_groups, *bias.shape), dtype=torch.float32, device=x.device)
@@ -58,6 +58,8 @@ class _ChunkedWeightedLoss(torch.autograd.Function):
             rows = slice(start, min(start + chunk_size, n))
             c, g = coef[rows], group[rows]
             if not bool((c != 0).any()):  # unscored rows (prompt, padding) cost nothing
+                if need_x:
+                    gx[rows] = 0
                 continue
             xc = x[rows]
             with torch.enable_grad():
