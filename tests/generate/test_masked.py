@@ -7,8 +7,17 @@ from dlmkit.generate import SamplerConfig, generate, infill
 from dlmkit.generate.runner import Runner
 from dlmkit.generate.scdd import step_weights
 
-from .helpers import MASK, STOPS, TOK, V, Recorder, Rigged, positional_logits, prompt_ids, \
-    tiny_model
+from .helpers import (
+    MASK,
+    STOPS,
+    TOK,
+    Recorder,
+    Rigged,
+    V,
+    positional_logits,
+    prompt_ids,
+    tiny_model,
+)
 
 TEXTS = ["rev abc", "sort 31", "99+1=", "x"]  # ragged
 
@@ -74,7 +83,8 @@ def test_rigged_confidence_decodes_left_to_right():
     order = []
     for (ids, _), (nxt, _) in zip(fake.calls, fake.calls[1:] + [(None, None)]):
         if nxt is not None:
-            order += (ids[0, width:] == MASK).logical_and(nxt[0, width:] != MASK).nonzero()[:, 0].tolist()
+            committed = (ids[0, width:] == MASK) & (nxt[0, width:] != MASK)
+            order += committed.nonzero()[:, 0].tolist()
     assert order == sorted(order) and len(fake.calls) == 6
 
 
