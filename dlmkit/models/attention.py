@@ -23,7 +23,8 @@ def mask_argument(mask: Mask, implementation: str, dtype: torch.dtype, block_siz
 def forward_logits(model, input_ids: torch.Tensor, mask: Mask, position_ids: torch.Tensor,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``model(input_ids)`` under ``mask`` with explicit positions; returns logits [B, T, V]."""
-    implementation = model.config._attn_implementation
+    # DDP wraps the HF model (``.module``); call the wrapper, read the config from inside.
+    implementation = getattr(model, "module", model).config._attn_implementation
     attention_mask = mask_argument(mask, implementation, dtype)
     if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[0] != input_ids.shape[0]:
         attention_mask = attention_mask.expand(input_ids.shape[0], *attention_mask.shape[1:])

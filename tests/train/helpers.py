@@ -65,8 +65,8 @@ def env() -> dict:
 def cli_subprocess(args: list[str], *, nproc: int = 0, **kwargs) -> subprocess.Popen:
     """``python -m dlmkit.cli ARGS`` (or under torchrun with ``nproc`` ranks)."""
     if nproc:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-port", "0", "-m", "dlmkit.cli", *args]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(nproc), "-m", "dlmkit.cli", *args]
     else:
         cmd = [sys.executable, "-m", "dlmkit.cli", *args]
     return subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -75,6 +75,11 @@ def cli_subprocess(args: list[str], *, nproc: int = 0, **kwargs) -> subprocess.P
 
 def run_cli(args: list[str], *, nproc: int = 0, timeout: float = 300) -> str:
     proc = cli_subprocess(args, nproc=nproc)
-    out, _ = proc.communicate(timeout=timeout)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s:\n{out[-4000:]}") from None
     assert proc.returncode == 0, out[-4000:]
     return out
