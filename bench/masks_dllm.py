@@ -131,15 +131,16 @@ def _measure(fn):
     return elapsed, (peak - base) / 1024, "ru_maxrss-delta"
 
 
-def run_one(name: str, method: str) -> dict:
+def run_one(name: str, method: str, threads: int | None) -> dict:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if threads:
+        torch.set_num_threads(threads)
     build = _cases()[name]
     probe = build()
     shape = {"batch": probe.batch, "q_len": probe.q_len, "kv_len": probe.kv_len}
-    result = {"case": name, "method": method, **shape}
+    result = {"case": name, "method": method, "threads": torch.get_num_threads(), **shape}
     if method == "ours":
         cold, extra, how = _measure(lambda: build().block_mask(BLOCK))
         warm = [_measure(lambda: build().block_mask(BLOCK))[0] for _ in range(5)]
@@ -166,9 +167,11 @@ def _available_bytes() -> int:
     return 8 << 30
 
 
-def _subprocess(name: str, method: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--one", name, "--method", method],
-                         capture_output=True, text=True, env={**os.environ})
+def _subprocess(name: str, method: str, threads: int | None) -> dict:
+    command = [sys.executable, __file__, "--one", name, "--method", method]
+    if threads:
+        command += ["--threads", str(threads)]
+    out = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
     if out.returncode != 0:
         return {"case": name, "method": method, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -180,14 +183,16 @@ def main() -> None:
     parser.add_argument("--method", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--no-torch", action="store_true", help="skip create_block_mask")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads for both sides "
+                        "(1 avoids OpenMP stalls on shared, oversubscribed CPUs)")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.method)))
+        print(json.dumps(run_one(args.one, args.method, args.threads)))
         return
     names = args.only or list(_cases())
     summary = []
     for name in names:
-        ours = _subprocess(name, "ours")
+        ours = _subprocess(name, "ours", args.threads)
         print(json.dumps(ours), flush=True)
         row = {"case": name, **{k: ours.get(k) for k in ("batch", "q_len", "kv_len", "tiles")},
                "ours_s": ours.get("seconds"), "ours_peak_mib": ours.get("peak_extra_mib")}
@@ -199,7 +204,7 @@ def main() -> None:
             row["torch"] = (f"skipped: needs ~{need / 2**30:.1f} GiB for the {grid:.2e}-entry "
                             f"grid, {_available_bytes() / 2**30:.1f} GiB available")
         else:
-            theirs = _subprocess(name, "torch")
+            theirs = _subprocess(name, "torch", args.threads)
             print(json.dumps(theirs), flush=True)
             row.update(torch_s=theirs.get("seconds"), torch_peak_mib=theirs.get("peak_extra_mib"))
             if theirs.get("seconds") and ours.get("seconds"):
