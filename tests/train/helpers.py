@@ -73,8 +73,8 @@ def cli_subprocess(args: list[str], *, nproc: int = 0, **kwargs) -> subprocess.P
                             text=True, **kwargs)
 
 
-def run_cli(args: list[str], *, nproc: int = 0, timeout: float = 300) -> str:
-    proc = cli_subprocess(args, nproc=nproc)
+def run_cli(args: list[str], *, nproc: int = 0, timeout: float = 300, **kwargs) -> str:
+    proc = cli_subprocess(args, nproc=nproc, **kwargs)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
