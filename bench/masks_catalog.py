@@ -21,6 +21,11 @@ Eager ``create_block_mask`` materialises the whole grid (about 10 bytes per ``ba
 kv_len`` element, attn_gym_spec.md §7.2); it is skipped, and the skip reported, when that
 estimate exceeds ``--memory-budget`` (default: 60% of MemAvailable).
 
+Workers run with ``--threads`` torch threads (default 1, for both sides): building a
+BlockMask from intervals is a chain of small tensor ops, and on a shared 2-vCPU machine with
+other load an OpenMP barrier per op made them up to 100x slower with 2 threads (measured),
+which would turn the comparison into noise.
+
 Prints one JSON object per measurement (and the whole list with ``--json``); ``--markdown``
 adds a summary table on stderr.
 """
@@ -59,7 +64,7 @@ def worker(kind: str, name: str, seq_len: int, block_size: int, flex_block: int,
            repeat: int) -> dict:
     import torch
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", torch.get_num_threads())))
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     from torch.nn.attention.flex_attention import create_block_mask
 
     from dlmkit.masks.catalog import examples
@@ -108,9 +113,10 @@ def _shape(name: str, seq_len: int, block_size: int) -> tuple[int, int, int]:
 def _run(kind, name, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", kind, name, str(args.seq_len),
            str(args.block_size), str(args.flex_block), str(args.repeat)]
+    env = dict(os.environ, BENCH_THREADS=str(args.threads))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                              cwd=ROOT)
+                              cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
         return {"mask": name, "impl": kind, "skipped": f"timeout after {args.timeout} s"}
     if proc.returncode != 0:
@@ -132,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--masks", default="", help="comma-separated example names")
     parser.add_argument("--memory-budget", type=float, default=None,
                         help="GiB allowed for eager create_block_mask (default 60%% of free)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads in each worker (default 1, see above)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="builds per measurement; the minimum time is reported")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
