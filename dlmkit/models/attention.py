@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from dlmkit.masks import Mask
+
+# Rendered forms of masks still alive: a strategy's MaskCache hands back the same Mask for a
+# repeated layout, so its dense/additive/BlockMask form is built once, not on every forward.
+_RENDERED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def mask_argument(mask: Mask, implementation: str, dtype: torch.dtype, block_size: int = 128):
     """What to pass as ``attention_mask``: a ``BlockMask`` for FlexAttention, a bool mask for
     SDPA, an additive float mask for eager attention (which *adds* its mask, so a bool mask
     there would be silently wrong)."""
-    if implementation == "flex_attention":
-        return mask.block_mask(block_size)
-    if implementation == "sdpa":
-        return mask.dense()
-    if implementation == "eager":
-        return mask.additive(dtype)
-    raise ValueError(f"unknown attention implementation {implementation!r}")
+    if implementation not in ("flex_attention", "sdpa", "eager"):
+        raise ValueError(f"unknown attention implementation {implementation!r}")
+    rendered = _RENDERED.setdefault(mask, {})
+    key = (implementation, dtype, block_size)
+    if key not in rendered:
+        if implementation == "flex_attention":
+            rendered[key] = mask.block_mask(block_size)
+        elif implementation == "sdpa":
+            rendered[key] = mask.dense()
+        else:
+            rendered[key] = mask.additive(dtype)
+    return rendered[key]
 
 
 def forward_logits(model, input_ids: torch.Tensor, mask: Mask, position_ids: torch.Tensor,

@@ -112,9 +112,12 @@ def accumulate_gradients(step, model, strategy, dataset, collator, sampler, conf
     for i, p in enumerate(prepared):
         last = i == len(prepared) - 1
         # DDP must skip the gradient all-reduce for the forward *and* backward of every
-        # micro-batch but the last (one context: no_sync() cannot be entered twice).
+        # micro-batch but the last (one context: no_sync() cannot be entered twice); FSDP2
+        # has a switch instead of a context.
         sync = model.no_sync() if world.distributed and not last and hasattr(model, "no_sync") \
             else nullcontext()
+        if world.distributed and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
         with sync:
             with autocast_context(config, world.device):
                 out = strategy.loss(model, p, denominators)
@@ -144,28 +147,41 @@ def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, s
 
 @torch.no_grad()
 def validate(model, strategy, dataset, collator, config, world: World) -> float:
-    """Token-weighted loss over the whole validation set; noise seeded per sample only."""
+    """The validation loss as one whole-set token mean: the same global-denominator rule as a
+    training step, over every validation sample. Noise is seeded per sample only (never by the
+    step), so successive evaluations are comparable."""
     model.eval()
     micro = config["train"]["micro_batch_size"]
-    weighted = torch.zeros(2, dtype=torch.float64)
-    for indices in eval_batches(len(dataset), micro * world.world_size, rank=world.rank,
-                                world_size=world.world_size):
-        if not indices:
-            continue
+    shards = [ix for ix in eval_batches(len(dataset), micro * world.world_size, rank=world.rank,
+                                        world_size=world.world_size) if ix]
+
+    def prepared(indices):
         batch = to_device(collator([dataset[i] for i in indices]), world.device)
         generators = validation_generators(config["seed"], batch["sample_index"].tolist(),
                                            world.device)
-        p = strategy.prepare(batch, generators)
-        counts = strategy.counts(p)
-        key = sorted(counts)[0]
-        count = float(counts[key])
-        if count == 0:
-            continue
-        with autocast_context(config, world.device):
-            out = strategy.loss(model, p, {k: float(v) for k, v in counts.items()})
-        weighted += torch.tensor([float(out.total) * count, count], dtype=torch.float64)
-    weighted = all_reduce_sum(weighted.to(world.device), world).cpu()
-    return float(weighted[0] / weighted[1]) if weighted[1] > 0 else float("nan")
+        return strategy.prepare(batch, generators)
+
+    # Pass 1: global denominators. Pass 2 re-derives the same inputs (deterministic seeds)
+    # instead of keeping every prepared batch alive.
+    keys = None
+    total = None
+    for indices in shards:
+        counts = strategy.counts(prepared(indices))
+        keys = keys or sorted(counts)
+        row = torch.stack([counts[k] for k in keys]).double().cpu()
+        total = row if total is None else total + row
+    if keys is None:  # an empty shard on this rank still joins the collectives
+        keys = sorted(strategy.counts(prepared([0])))
+        total = torch.zeros(len(keys), dtype=torch.float64)
+    total = all_reduce_sum(total.to(world.device), world)
+    denominators = dict(zip(keys, total.tolist()))
+    loss = torch.zeros((), dtype=torch.float64)
+    if all(v > 0 for v in denominators.values()):
+        for indices in shards:
+            with autocast_context(config, world.device):
+                loss += float(strategy.loss(model, prepared(indices), denominators).total)
+    loss = all_reduce_sum(loss.to(world.device), world)
+    return float(loss) if all(v > 0 for v in denominators.values()) else float("nan")
 
 
 def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World) -> Path:
