@@ -70,7 +70,8 @@ def main(argv=None) -> int:
             print(json.dumps({
                 "model": str(path), "strategy": strategy, "task": task, "n": len(rows),
                 "setting": name, "sampler": config.sampler, "exact_match": round(accuracy, 4),
-                "forwards": totals.forwards, "tokens": totals.generated,
+                "forwards": totals.forwards, "row_forwards": totals.row_forwards,
+                "tokens": totals.generated,
                 "tokens_per_forward": round(totals.tokens_per_forward, 3),
                 "tokens_per_second": round(totals.tokens_per_second, 1)}), flush=True)
         if strategy == "idlm" and outputs["isd"] != outputs["ar"]:

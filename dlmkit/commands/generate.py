@@ -135,6 +135,7 @@ def run(args) -> int:
             raise SystemExit(f"error: {err}") from None
     texts = [t for r in results for t in r.texts]
     forwards = sum(r.forwards for r in results)
+    row_forwards = sum(r.row_forwards for r in results)
     generated = sum(r.generated for r in results)
     seconds = sum(r.seconds for r in results)
     for prompt, text in zip(prompts, texts):
@@ -143,7 +144,7 @@ def run(args) -> int:
         else:
             print(f"> {prompt}\n{text}")
     print(f"sampler: {config.sampler}  forwards: {forwards}  tokens: {generated}  "
-          f"tokens/forward: {generated / max(forwards, 1):.2f}  "
+          f"tokens/forward: {generated / max(row_forwards, 1):.2f} (per sequence)  "
           f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=sys.stderr if args.json
           else sys.stdout)
     return 0

@@ -53,6 +53,7 @@ class GenerationResult:
         forwards: model forward passes (each over the whole batch).
         generated: tokens decoded in all, each row counted up to and including its stop token.
         seconds: wall-clock time of the sampling.
+        row_forwards: forwards counted once per row that still needed them.
     """
 
     tokens: list[list[int]]
@@ -60,10 +61,13 @@ class GenerationResult:
     forwards: int
     generated: int
     seconds: float
+    row_forwards: int
 
     @property
     def tokens_per_forward(self) -> float:
-        return self.generated / max(self.forwards, 1)
+        """Tokens per forward of one sequence (``generated / row_forwards``): 1.0 for
+        one-token-per-step decoding, whatever the batch size."""
+        return self.generated / max(self.row_forwards, 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -192,7 +196,8 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     return GenerationResult(
         tokens=tokens,
         texts=[tokenizer.decode(t, skip_special_tokens=True) for t in tokens],
-        forwards=runner.forwards, generated=sum(n for _, n in stripped), seconds=seconds)
+        forwards=runner.forwards, generated=sum(n for _, n in stripped), seconds=seconds,
+        row_forwards=runner.row_forwards)
 
 
 INFILL_MARKER = "[MASK]"
@@ -237,7 +242,7 @@ def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
     seconds = time.perf_counter() - start
     filled = sum(list(s).count(tokenizer.mask_token_id) for s in sequences)
     return GenerationResult(out, [tokenizer.decode(t, skip_special_tokens=True) for t in out],
-                            runner.forwards, filled, seconds)
+                            runner.forwards, filled, seconds, runner.row_forwards)
 
 
 def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
@@ -248,7 +253,7 @@ def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
     totals as a GenerationResult over all batches)``.
     """
     rows: list[dict] = []
-    forwards = generated = 0
+    forwards = generated = row_forwards = 0
     seconds = 0.0
     all_tokens: list[list[int]] = []
     for at in range(0, len(records), batch_size):
@@ -257,11 +262,12 @@ def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
         forwards += result.forwards
         generated += result.generated
         seconds += result.seconds
+        row_forwards += result.row_forwards
         all_tokens += result.tokens
         for record, text in zip(chunk, result.texts):
             rows.append({"prompt": record["prompt"], "response": record["response"],
                          "output": text, "correct": text.strip() == record["response"].strip()})
     accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
     totals = GenerationResult(all_tokens, [r["output"] for r in rows], forwards, generated,
-                              seconds)
+                              seconds, row_forwards)
     return accuracy, rows, totals

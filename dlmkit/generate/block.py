@@ -91,7 +91,8 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
             if not bool(candidates.any()):
                 break
             first = cached if cache is not None else 0
-            logits = runner(seq[:, first:hi], mask_for(first, hi, lo), pos[:, first:hi], cache)
+            logits = runner(seq[:, first:hi], mask_for(first, hi, lo), pos[:, first:hi], cache,
+                            rows=int(candidates.any(1).sum()))
             if cache is not None:
                 cache.crop(-S)
                 cached = lo

@@ -90,16 +90,17 @@ def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int
         candidates = (x[:, lo:hi] == mask_id) & active.unsqueeze(1)
         if not bool(candidates.any()):
             return
+        rows = int(candidates.any(1).sum())
         if cfg.use_cache and cache is not None:
-            logits = runner(x[:, lo:], canvas.suffix_mask(lo), canvas.pos[:, lo:], cache)
+            logits = runner(x[:, lo:], canvas.suffix_mask(lo), canvas.pos[:, lo:], cache, rows)
             cache.crop(-(x.shape[1] - lo))
             logits = logits[:, : hi - lo]
         elif cfg.use_cache:
             cache = runner.new_cache()
-            logits = runner(x, canvas.mask, canvas.pos, cache)[:, lo:hi]
+            logits = runner(x, canvas.mask, canvas.pos, cache, rows)[:, lo:hi]
             cache.crop(-(x.shape[1] - lo))
         else:
-            logits = runner(x, canvas.mask, canvas.pos)[:, lo:hi]
+            logits = runner(x, canvas.mask, canvas.pos, rows=rows)[:, lo:hi]
         window = x[:, lo:hi].clone()
         commit_step(window, logits, candidates, steps - step, cfg, mask_id, generator)
         x[:, lo:hi] = window

@@ -18,7 +18,11 @@ from dlmkit.masks import Mask
 
 
 class Runner:
-    """``runner(ids, mask, positions, cache=None) -> float logits [B, Q, V]``; counts forwards.
+    """``runner(ids, mask, positions, cache=None) -> float logits [B, Q, V]``.
+
+    Counts ``forwards`` (calls, each over the whole batch) and ``row_forwards`` (per call, the
+    rows that still needed it, as the sampler says: a finished row riding along in the batch
+    does not count), so tokens per forward is a per-sequence figure whatever the batch size.
 
     ``model`` is a Hugging Face causal LM (its ``config._attn_implementation`` decides how a
     ``Mask`` is rendered: bool for sdpa, ``BlockMask`` for flex, additive for eager) or any
@@ -29,6 +33,7 @@ class Runner:
     def __init__(self, model) -> None:
         self.model = model
         self.forwards = 0
+        self.row_forwards = 0
         config = getattr(model, "config", None)
         self.implementation = getattr(config, "_attn_implementation", None) or "sdpa"
         params = inspect.signature(model.forward).parameters
@@ -53,7 +58,7 @@ class Runner:
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, mask: Mask, position_ids: torch.Tensor,
-                 cache=None) -> torch.Tensor:
+                 cache=None, rows: int | None = None) -> torch.Tensor:
         from dlmkit.models import mask_argument
 
         attention = mask_argument(mask, self.implementation, self.dtype)
@@ -67,6 +72,7 @@ class Runner:
         out = self.model(input_ids=input_ids, attention_mask=attention,
                          position_ids=position_ids, **kwargs)
         self.forwards += 1
+        self.row_forwards += input_ids.shape[0] if rows is None else int(rows)
         logits = out if isinstance(out, torch.Tensor) else out.logits
         return logits.float()
 

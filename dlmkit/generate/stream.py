@@ -55,7 +55,8 @@ class CausalStream:
 
         mask = rule_mask(rule, width + num_noisy, cached + width + num_noisy, batch,
                          f"stream_{cached}_{width}_{num_noisy}", self.device)
-        logits = self.runner(ids, mask, torch.cat([clean_pos, noisy_pos], 1), self.cache)
+        logits = self.runner(ids, mask, torch.cat([clean_pos, noisy_pos], 1), self.cache,
+                             rows=int(valid.any(1).sum()))
         if num_noisy:
             self.cache.crop(-num_noisy)
         self._fed = valid

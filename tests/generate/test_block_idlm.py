@@ -113,7 +113,7 @@ def test_isd_accepts_proposals_with_fewer_forwards():
     assert isd.tokens == ar.tokens and all(len(t) == 12 for t in isd.tokens)
     # the prompt's forward commits 1 token, each later one N + 1 = 4: 1 + 4 + 4 + 4 >= 12
     assert ar.forwards == 12 and isd.forwards == 4
-    assert isd.tokens_per_forward == pytest.approx(6.0)
+    assert isd.tokens_per_forward == pytest.approx(3.0)  # 12 tokens / 4 forwards per row
 
 
 def test_isd_sampling_is_seeded_and_exact_for_agreeing_streams():

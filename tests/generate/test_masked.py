@@ -104,6 +104,7 @@ def test_threshold_never_strands_masks_and_saves_forwards():
     assert confident.forwards == 1 and len(confident.tokens[0]) == 8
     one_per_step = run(Rigged(positional_logits(sharp=20.0)), "mdlm", ["hi"], max_new_tokens=8)
     assert one_per_step.forwards == 8 and one_per_step.tokens == confident.tokens
+    assert one_per_step.tokens_per_forward == 1.0 and confident.tokens_per_forward == 8.0
 
 
 def test_per_row_stop_ends_early_and_strips_fill():
@@ -116,6 +117,11 @@ def test_per_row_stop_ends_early_and_strips_fill():
 
     result = run(Rigged(answer), "mdlm", ["hi"], max_new_tokens=16, block_size=4)
     assert result.texts == ["ok"] and result.forwards == 3 and result.generated == 3
+    # the long row's answer is empty (its first position already predicts EOS): it stops
+    # after one forward and no longer counts while the batch goes on
+    both = run(Rigged(answer), "mdlm", ["hi", "a much longer prompt"], max_new_tokens=16,
+               block_size=4)
+    assert both.texts == ["ok", ""] and both.forwards == 3 and both.row_forwards == 4
 
 
 def test_infill_respects_spans():
