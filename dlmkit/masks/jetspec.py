@@ -123,8 +123,10 @@ def jetspec_tree(prefix_length: int, parent_indices, *, device="cpu") -> Mask:
         node = (kv - P).clamp(0, last)
         entry = tin[q.clamp(0, last)]
         ancestor = (tin[node] <= entry) & (entry < tout[node])
-        in_tree = (kv >= P) & (kv < kv_len) & ancestor
-        return ((kv < P) | in_tree) & (q <= last)
+        inside = q <= last
+        # torch.where, not (kv < P) | (...): the OR form hits an Inductor CPU vectorisation
+        # bug (VecMask<int> vs VecMask<float> in a ternary) under torch.compile(torch 2.13).
+        return torch.where(kv < P, inside, ancestor & (kv < kv_len) & inside)
 
     def intervals():
         depth = max(depth_list) + 1
