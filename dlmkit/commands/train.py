@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 EPILOG = """examples:
-  dlmkit train                      # embedded default: tiny Llama, MDLM, 'reverse', CPU
+  dlmkit train                      # embedded default: tiny Llama, BD3-LM, 'reverse', CPU
   dlmkit train configs/bd3lm-tiny.yaml --set train.steps=50
   dlmkit train --set strategy.name=idlm --set strategy.block_size=4 --output-dir runs/idlm
   dlmkit train --output-dir runs/idlm --resume   # continue bit-exactly from the last checkpoint

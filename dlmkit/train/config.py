@@ -1,7 +1,7 @@
 """Training configuration: YAML + ``--set key.sub=value`` overrides, validated up front.
 
-The embedded default (no config file) trains a tiny Llama with MDLM on the bundled ``reverse``
-task on the CPU in a few minutes. Unknown keys are errors that list the valid ones.
+The embedded default (no config file) trains a tiny Llama with BD3-LM block diffusion on the
+bundled ``reverse`` task on the CPU in about a minute. Unknown keys are errors that list the valid ones.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ DEFAULTS: dict = {
         "dtype": "float32",
         "config": {},             # preset overrides (e.g. num_hidden_layers)
     },
-    "strategy": {"name": "mdlm"},  # + the strategy's own options (see dlmkit.strategies)
+    # + the strategy's own options (see dlmkit.strategies). BD3-LM is the default because it
+    # decodes the bundled task exactly (100% exact match after the default 400 steps) while the
+    # tiny MDLM learns the answer length from the canvas length (see the README).
+    "strategy": {"name": "bd3lm"},
     "train": {
         "steps": 400,
         "global_batch_size": 64,
