@@ -34,8 +34,9 @@ def random_intervals(draw):
     q_len, kv_len = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     k = draw(st.integers(1, 3))
     values = st.integers(-2, kv_len + 2)
-    lo = torch.tensor(draw(st.lists(values, min_size=batch * q_len * k, max_size=batch * q_len * k)))
-    hi = torch.tensor(draw(st.lists(values, min_size=batch * q_len * k, max_size=batch * q_len * k)))
+    n = batch * q_len * k
+    lo = torch.tensor(draw(st.lists(values, min_size=n, max_size=n)))
+    hi = torch.tensor(draw(st.lists(values, min_size=n, max_size=n)))
     return lo.view(batch, q_len, k), hi.view(batch, q_len, k), kv_len
 
 
