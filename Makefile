@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: install demo test test-all lint bench clean
+.PHONY: install demo test test-fast lint bench clean
 
 $(BIN)/dlmkit: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,10 @@ demo: install
 	$(BIN)/dlmkit train
 
 test: install
-	$(BIN)/pytest -q -m "not slow"
-
-test-all: install
 	$(BIN)/pytest -q
+
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
 
 lint: install
 	$(BIN)/ruff check dlmkit tests bench
