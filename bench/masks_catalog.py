@@ -40,24 +40,10 @@ import sys
 import time
 from pathlib import Path
 
+from dlmkit.masks.benchmark import available_bytes, peak_rss_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 BYTES_PER_GRID_ELEMENT = 10
-
-
-def _available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
-def _maxrss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def worker(kind: str, name: str, seq_len: int, block_size: int, flex_block: int,
@@ -80,7 +66,7 @@ def worker(kind: str, name: str, seq_len: int, block_size: int, flex_block: int,
     times = []
     if kind == "torch":
         mask = builder(seq_len, block_size)
-    base = _maxrss_bytes()
+    base = peak_rss_bytes()
     block = None
     for _ in range(repeat):
         block = None  # never hold the previous result while building the next
@@ -98,7 +84,7 @@ def worker(kind: str, name: str, seq_len: int, block_size: int, flex_block: int,
         "mask": name, "impl": kind, "batch": mask.batch, "q_len": mask.q_len,
         "kv_len": mask.kv_len, "flex_block": flex_block, "structured": mask.has_intervals,
         "seconds": round(min(times), 4), "median_seconds": round(sorted(times)[len(times) // 2], 4),
-        "repeat": repeat, "peak_extra_mib": round((_maxrss_bytes() - base) / 2**20, 1),
+        "repeat": repeat, "peak_extra_mib": round((peak_rss_bytes() - base) / 2**20, 1),
         "partial_blocks": partial, "full_blocks": full,
     }
 
@@ -152,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [n for n in args.masks.split(",") if n] or list(examples())
     budget = (args.memory_budget * 2**30 if args.memory_budget is not None
-              else 0.6 * _available_bytes())
+              else 0.6 * available_bytes())
     results = []
     for name in names:
         batch, q_len, kv_len = _shape(name, args.seq_len, args.block_size)

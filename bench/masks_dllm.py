@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from dlmkit.masks.benchmark import available_bytes
+
 BLOCK = 128
 # Bytes per grid entry create_block_mask needs at its peak (bool grid + int64 index/compare
 # temporaries of the vmapped rule); measured ~10 on torch 2.13 CPU (dflash n512: 1.0 GiB
@@ -156,17 +158,6 @@ def run_one(name: str, method: str, threads: int | None) -> dict:
     return result
 
 
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
 def _subprocess(name: str, method: str, threads: int | None) -> dict:
     command = [sys.executable, __file__, "--one", name, "--method", method]
     if threads:
@@ -200,9 +191,9 @@ def main() -> None:
         need = grid * TORCH_BYTES_PER_ENTRY
         if args.no_torch:
             row["torch"] = "skipped (--no-torch)"
-        elif need > _available_bytes() // 2:
+        elif need > available_bytes() // 2:
             row["torch"] = (f"skipped: needs ~{need / 2**30:.1f} GiB for the {grid:.2e}-entry "
-                            f"grid, {_available_bytes() / 2**30:.1f} GiB available")
+                            f"grid, {available_bytes() / 2**30:.1f} GiB available")
         else:
             theirs = _subprocess(name, "torch", args.threads)
             print(json.dumps(theirs), flush=True)

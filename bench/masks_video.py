@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from dlmkit.masks.benchmark import available_bytes, peak_rss_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 BYTES_PER_GRID_ELEMENT = 10
 EXAMPLE_CASES = ("natten", "natten_tiled", "natten_morton", "sta_2d", "sta_3d", "svg_spatial",
@@ -44,22 +46,6 @@ EXAMPLE_CASES = ("natten", "natten_tiled", "natten_morton", "sta_2d", "sta_3d", 
 DIRECT_CASES = ("vsa_direct", "vsa_flash")
 FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
           "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
-
-
-def _available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
-def _maxrss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 class Case:
@@ -119,14 +105,14 @@ def worker(kind: str, name: str, seq_len: int, flex_block: int, heads: int,
         prepared = case.prepare()
         if which == "torch":
             mod = case.mask_mod(prepared)
-        base = _maxrss()
+        base = peak_rss_bytes()
         start = time.perf_counter()
         if which == "ours":
             block = case.ours(prepared)
         else:
             B, H, Q, KV = case.shape
             block = create_block_mask(mod, B, H, Q, KV, device="cpu", BLOCK_SIZE=case.block)
-        return block, time.perf_counter() - start, _maxrss() - base, prepared
+        return block, time.perf_counter() - start, peak_rss_bytes() - base, prepared
 
     torch.set_num_threads(threads)
     tiny_len = 1024 if name in DIRECT_CASES else 256
@@ -224,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown cases {sorted(unknown)}")
     budget = (args.memory_budget * 2**30 if args.memory_budget is not None
-              else 0.5 * _available_bytes())
+              else 0.5 * available_bytes())
     results = []
     for seq_len in (int(s) for s in args.seq_lens.split(",")):
         for name in names:

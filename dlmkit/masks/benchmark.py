@@ -31,7 +31,8 @@ METHODS = ("ours", "eager", "compiled", "additive", "additive_naive")
 _BYTES_PER_ELEMENT = {"eager": 11, "additive_naive": 6, "additive": 2.2, "compiled": 1.0}
 
 
-def _available_bytes() -> int:
+def available_bytes() -> int:
+    """``MemAvailable`` from /proc/meminfo (a huge number where it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -40,6 +41,11 @@ def _available_bytes() -> int:
     except OSError:
         pass
     return 1 << 62
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (``ru_maxrss`` is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _maxrss_mib() -> float:
@@ -108,9 +114,9 @@ def measure(name: str, seq_len: int, block: int, tile: int, method: str, repeats
     base = {"mask": name, "seq_len": seq_len, "block": block, "tile": tile, "method": method}
     if q_len is not None and kv_len is not None and method in _BYTES_PER_ELEMENT:
         need = _BYTES_PER_ELEMENT[method] * q_len * kv_len
-        if method != "additive" and need > 0.8 * _available_bytes():
+        if method != "additive" and need > 0.8 * available_bytes():
             return {**base, "skipped": f"needs ~{need / 2**30:.0f} GiB, "
-                                       f"{_available_bytes() / 2**30:.0f} GiB available"}
+                                       f"{available_bytes() / 2**30:.0f} GiB available"}
     code = ("import json, sys; from dlmkit.masks.benchmark import run_case; "
             f"print(json.dumps(run_case({name!r}, {seq_len}, {block}, {tile}, {method!r}, "
             f"{repeats})))")
