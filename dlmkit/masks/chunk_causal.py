@@ -49,26 +49,12 @@ from collections.abc import Callable
 import torch
 
 from .cache import MaskCache
-from .checks import check_block_size, check_int
+from .checks import check_int
 from .core import Mask
 from .padding import self_attention_mask
 from .tags import KIND_CLEAN, KIND_GLOBAL, KIND_NOISED, Slot, TokenTags, window_tags
 
 CACHE = MaskCache(max_entries=64)
-
-
-class _LayoutMask(Mask):
-    """A ``Mask`` that memoises its ``BlockMask`` per block size (it lives in the cache)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._block_masks = {}
-
-    def block_mask(self, block_size=128):
-        size = check_block_size(block_size)
-        if size not in self._block_masks:
-            self._block_masks[size] = super().block_mask(size)
-        return self._block_masks[size]
 
 
 def _check_tags(name: str, tags) -> TokenTags:
@@ -133,7 +119,7 @@ def chunk_causal(tags: TokenTags, valid=None, *, cache: MaskCache | None = CACHE
     name = f"chunk_causal_{L}"
     if valid is not None:
         return self_attention_mask(name, rule, intervals, L, 1, valid, tags.device)
-    return _build(cache, ("chunk_causal", tags.key()), lambda: _LayoutMask(
+    return _build(cache, ("chunk_causal", tags.key()), lambda: Mask(
         rule, L, L, 1, intervals=intervals, name=name, device=tags.device))
 
 
@@ -202,7 +188,7 @@ def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None) -> 
         return base(b, q, kv) | ((q < Lq) & (kv == fallback[q.clamp(0, Lq - 1)]))
 
     name = f"expert_cross_{Lq}x{Lk}_w{window}"
-    return _LayoutMask(rule, Lq, Lk, 1, intervals=lambda: (lo, hi), name=name, device=device)
+    return Mask(rule, Lq, Lk, 1, intervals=lambda: (lo, hi), name=name, device=device)
 
 
 def expert_self(q_tags: TokenTags, valid=None, *, cache: MaskCache | None = CACHE) -> Mask:
@@ -220,7 +206,7 @@ def expert_self(q_tags: TokenTags, valid=None, *, cache: MaskCache | None = CACH
     name = f"expert_self_{L}"
     if valid is not None:
         return self_attention_mask(name, rule, intervals, L, 1, valid, q_tags.device)
-    return _build(cache, ("expert_self", q_tags.key()), lambda: _LayoutMask(
+    return _build(cache, ("expert_self", q_tags.key()), lambda: Mask(
         rule, L, L, 1, intervals=intervals, name=name, device=q_tags.device))
 
 

@@ -11,6 +11,11 @@ dense forms are built without evaluating the rule on the whole token grid:
 * ``.block_mask(block_size)`` builds both KV- and Q-side lists from the tile map in O(tiles);
 * ``.mask_mod`` is the rule in FlexAttention's ``(b, h, q_idx, kv_idx)`` form.
 
+A pattern whose tile map has a closed form cheaper than its row intervals (e.g. a dilated
+window: one interval per visible key) may pass ``tiles=(q_block, kv_block) -> tile map``
+instead; it is used for the ``BlockMask`` and the dense forms alike. ``BlockMask``s are memoised
+per block size, so a mask kept in a :class:`MaskCache` is rendered once.
+
 Rules must be written with tensor ops only (they run under ``torch.vmap`` in ``create_mask``
 and inside compiled kernels), must not compare bool with bool and must not use integer ``abs``
 (both miscompile in some Inductor/ptxas versions): compare integer ids and write two bounds.
@@ -28,6 +33,7 @@ from .tiles import (
     FULL,
     PARTIAL,
     RowIntervals,
+    cdiv,
     intersect_intervals,
     normalize_intervals,
     tile_map_from_intervals,
@@ -59,6 +65,7 @@ class Mask:
         batch: int = 1,
         *,
         intervals: Callable[[], RowIntervals] | None = None,
+        tiles: Callable[[int, int], torch.Tensor] | None = None,
         name: str = "mask",
         device: torch.device | str | None = None,
     ) -> None:
@@ -77,6 +84,8 @@ class Mask:
             self._rule = rule
         self._interval_fn = intervals
         self._intervals: RowIntervals | None = None
+        self._tiles_fn = tiles
+        self._block_masks: dict[tuple[int, int], object] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -88,6 +97,7 @@ class Mask:
         batch: int | None = None,
         *,
         intervals: Callable[[], RowIntervals] | None = None,
+        tiles: Callable[[int, int], torch.Tensor] | None = None,
         name: str | None = None,
         device: torch.device | str | None = None,
     ) -> Mask:
@@ -96,15 +106,22 @@ class Mask:
         ``b`` indexes per-row data captured by the rule (e.g. ``valid[b, kv] > 0``). Optional
         ``intervals() -> (lo, hi)`` of shape ``[batch or 1, q_len, K]`` describe each row as a
         union of half-open key ranges; with them the tile map is computed in O(tiles), without
-        them ``.block_mask()`` evaluates the rule one tile-row at a time.
+        them ``.block_mask()`` evaluates the rule one tile-row at a time. ``tiles(q_block,
+        kv_block)`` may instead give the exact tile map ``[batch or 1, n_q, n_kv]`` directly.
         """
         return cls(rule, q_len, kv_len, 1 if batch is None else batch, intervals=intervals,
-                   name=name or getattr(rule, "__name__", "mask"), device=device)
+                   tiles=tiles, name=name or getattr(rule, "__name__", "mask"), device=device)
 
     # ------------------------------------------------------------------ structure
     @property
     def has_intervals(self) -> bool:
         return self._interval_fn is not None
+
+    @property
+    def structured(self) -> bool:
+        """True when the tile map comes from the block structure (intervals or closed form)
+        rather than from evaluating the rule."""
+        return self._interval_fn is not None or self._tiles_fn is not None
 
     def row_intervals(self) -> RowIntervals | None:
         """Normalised ``(lo, hi)`` ``[batch or 1, q_len, K]``, or None for a plain rule."""
@@ -123,6 +140,13 @@ class Mask:
     def tile_map(self, block_size=128) -> torch.Tensor:
         """int8 ``[batch, n_q_tiles, n_kv_tiles]``: 0 empty, 1 partial, 2 full."""
         q_block, kv_block = check_block_size(block_size)
+        if self._tiles_fn is not None:
+            tiles = self._tiles_fn(q_block, kv_block)
+            expected = (cdiv(self.q_len, q_block), cdiv(self.kv_len, kv_block))
+            if tiles.dim() != 3 or tuple(tiles.shape[1:]) != expected:
+                raise ValueError(f"{self.name}: tiles() must return [batch, {expected[0]}, "
+                                 f"{expected[1]}], got {tuple(tiles.shape)}")
+            return tiles.to(torch.int8).expand(self.batch, *expected)
         intervals = self.row_intervals()
         if intervals is None:
             return tile_map_from_rule(self._rule, self.batch, self.q_len, self.kv_len,
@@ -148,10 +172,11 @@ class Mask:
         Equal, list for list, to ``create_block_mask(self.mask_mod, batch, None, q_len, kv_len,
         BLOCK_SIZE=block_size)``, but built from the tile map without the token grid.
         """
-        q_block, kv_block = check_block_size(block_size)
-        tiles = self.tile_map((q_block, kv_block))
-        return block_mask_from_tiles(tiles.contiguous(), self.q_len, self.kv_len,
-                                     (q_block, kv_block), self.mask_mod)
+        size = check_block_size(block_size)
+        if size not in self._block_masks:
+            self._block_masks[size] = block_mask_from_tiles(
+                self.tile_map(size).contiguous(), self.q_len, self.kv_len, size, self.mask_mod)
+        return self._block_masks[size]
 
     def dense(self) -> torch.Tensor:
         """bool ``[batch, 1, q_len, kv_len]``, True = may attend."""
@@ -170,7 +195,7 @@ class Mask:
         out = torch.full((self.batch, 1, self.q_len, self.kv_len), block, dtype=dtype,
                          device=self.device)
         grid = out[:, 0]
-        if self.has_intervals:
+        if self.structured:
             self._render_by_tiles(grid, allow)
         else:
             self._render_by_rows(grid, allow)
@@ -248,7 +273,7 @@ class Mask:
 
     def __repr__(self) -> str:
         return (f"Mask(name={self.name!r}, batch={self.batch}, q_len={self.q_len}, "
-                f"kv_len={self.kv_len}, structured={self.has_intervals})")
+                f"kv_len={self.kv_len}, structured={self.structured})")
 
 
 def _tile_runs(selected: torch.Tensor) -> list[tuple[int, int, int, int]]:

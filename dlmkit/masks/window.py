@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .causal import ALIGNMENTS
-from .checks import check_block_size, check_int, check_positive_int
+from .checks import check_int, check_positive_int
 from .core import Mask
 from .tiles import FULL, cdiv
 
@@ -75,20 +75,14 @@ def sliding_window(q_len: int, window: int, kv_len: int | None = None, *,
                 name=f"sliding_window_{w}", device=device)
 
 
-class _DilatedWindow(Mask):
-    """A dilated window whose tile map is computed per tile in closed form (O(tiles)),
-    instead of from its ``2 * (window // dilation) + 1`` singleton intervals per row."""
+def _dilated_tiles(window: int, dilation: int, n: int, device):
+    """Closed-form tile map of a dilated window over ``n x n``, O(tiles) (its row intervals
+    have ``2 * (window // dilation) + 1`` singleton slots per row)."""
 
-    def __init__(self, rule, seq_len, intervals, name, device, window, dilation):
-        super().__init__(rule, seq_len, seq_len, 1, intervals=intervals, name=name,
-                         device=device)
-        self._window, self._dilation = window, dilation
-
-    def tile_map(self, block_size=128) -> torch.Tensor:
-        q_block, kv_block = check_block_size(block_size)
-        w, d, n = self._window, self._dilation, self.q_len
-        i = torch.arange(cdiv(n, q_block), device=self.device).view(-1, 1)
-        j = torch.arange(cdiv(n, kv_block), device=self.device).view(1, -1)
+    def tiles(q_block: int, kv_block: int) -> torch.Tensor:
+        w, d = window, dilation
+        i = torch.arange(cdiv(n, q_block), device=device).view(-1, 1)
+        j = torch.arange(cdiv(n, kv_block), device=device).view(1, -1)
         q_end, kv_end = (i + 1) * q_block, (j + 1) * kv_block
         # Differences q - kv inside tile (i, j) are every integer in [low, high].
         low = i * q_block - (kv_end.clamp(max=n) - 1)
@@ -97,9 +91,11 @@ class _DilatedWindow(Mask):
         touched = (a <= b) & (torch.div(b, d, rounding_mode="floor") * d >= a)
         unpadded = (q_end <= n) & (kv_end <= n)
         every = (low >= -w) & (high <= w) & ((low == high) | (d == 1))
-        tiles = touched.to(torch.int8)
-        tiles[touched & every & unpadded] = FULL
-        return tiles.unsqueeze(0)
+        out = touched.to(torch.int8)
+        out[touched & every & unpadded] = FULL
+        return out.unsqueeze(0)
+
+    return tiles
 
 
 def dilated_sliding_window(seq_len: int, window: int, dilation: int, *, device=None) -> Mask:
@@ -142,8 +138,9 @@ def dilated_sliding_window(seq_len: int, window: int, dilation: int, *, device=N
         lo = q + d * torch.arange(-steps, steps + 1, device=device).view(1, 1, -1)
         return lo, lo + 1
 
-    return _DilatedWindow(rule, seq_len, intervals, f"dilated_sliding_window_{w}_{d}", device,
-                          w, d)
+    return Mask(rule, seq_len, seq_len, 1, intervals=intervals,
+                tiles=_dilated_tiles(w, d, seq_len, device),
+                name=f"dilated_sliding_window_{w}_{d}", device=device)
 
 
 def _check_global(is_global, seq_len: int) -> torch.Tensor:

@@ -240,3 +240,27 @@ def test_bad_input():
         bad.block_mask(2)
     with pytest.raises(ValueError, match="batch_index"):
         causal(4).render("x.png", batch_index=2)
+
+
+def test_closed_form_tiles_hook_is_used_and_checked():
+    calls = []
+
+    def tiles(q_block, kv_block):
+        calls.append((q_block, kv_block))
+        return causal(10).tile_map((q_block, kv_block))[:1]
+
+    mask = Mask.from_rule(lambda b, q, kv: kv <= q, 10, 10, tiles=tiles)
+    assert mask.structured and not mask.has_intervals
+    assert_matches_create_block_mask(mask, (4, 3))
+    assert_matches_create_mask(mask)  # dense forms also come from the closed-form tile map
+    assert (4, 3) in calls
+    broken = Mask.from_rule(lambda b, q, kv: kv <= q, 10, 10,
+                            tiles=lambda qb, kb: torch.zeros(1, 2, 2, dtype=torch.int8))
+    with pytest.raises(ValueError, match="tiles"):
+        broken.block_mask(4)
+
+
+def test_block_masks_are_memoised_per_block_size():
+    mask = causal(40)
+    assert mask.block_mask(8) is mask.block_mask(8)
+    assert mask.block_mask((8, 4)) is not mask.block_mask(8)
