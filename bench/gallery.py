@@ -18,18 +18,7 @@ import inspect
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _picture(mask, max_cells: int) -> tuple[torch.Tensor, int, int]:
-    if mask.q_len <= max_cells and mask.kv_len <= max_cells:
-        return mask.dense()[0, 0].float(), 1, 1
-    q_step = -(-mask.q_len // max_cells)
-    kv_step = -(-mask.kv_len // max_cells)
-    tiles = mask.tile_map((q_step, kv_step))[0].float()
-    return tiles / 2.0, q_step, kv_step  # 0 empty, 0.5 partial, 1 full
 
 
 def render(mask, path: Path, block_size: int, max_cells: int) -> None:
@@ -38,7 +27,9 @@ def render(mask, path: Path, block_size: int, max_cells: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    picture, q_step, kv_step = _picture(mask, max_cells)
+    from dlmkit.masks.render import mask_picture
+
+    picture, q_step, kv_step = mask_picture(mask, 0, max_cells)
     rows, cols = picture.shape
     scale = 2.6 / max(rows, cols)
     fig, ax = plt.subplots(figsize=(max(1.2, cols * scale) + 0.5, max(1.2, rows * scale) + 0.6))

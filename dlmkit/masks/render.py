@@ -16,7 +16,7 @@ _EXACT_LIMIT = 512  # up to this many rows/columns the PNG shows every token
 _TEXT_COLUMNS = 64
 
 
-def _picture(mask, batch_index: int, cells: int) -> tuple[torch.Tensor, int, int]:
+def mask_picture(mask, batch_index: int, cells: int) -> tuple[torch.Tensor, int, int]:
     """A ``[rows, cols]`` float picture (1 allowed, 0.5 partly allowed, 0 blocked) and the
     number of tokens per cell along each axis."""
     if not 0 <= batch_index < mask.batch:
@@ -33,7 +33,7 @@ def _picture(mask, batch_index: int, cells: int) -> tuple[torch.Tensor, int, int
 
 def render_text(mask, batch_index: int = 0, columns: int = _TEXT_COLUMNS) -> str:
     """Terminal drawing: ``#`` allowed, ``+`` partly allowed (down-sampled), ``.`` blocked."""
-    picture, q_step, kv_step = _picture(mask, batch_index, columns)
+    picture, q_step, kv_step = mask_picture(mask, batch_index, columns)
     glyph = {1.0: "#", 0.5: "+", 0.0: "."}
     lines = [" ".join(glyph[float(v)] for v in row) for row in picture]
     header = f"{mask.name}: batch {mask.batch}, {mask.q_len} queries x {mask.kv_len} keys"
@@ -50,7 +50,7 @@ def render_png(mask, path, *, batch_index: int = 0, title: str | None = None,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    picture, q_step, kv_step = _picture(mask, batch_index, _EXACT_LIMIT)
+    picture, q_step, kv_step = mask_picture(mask, batch_index, _EXACT_LIMIT)
     rows, cols = picture.shape
     size = max(3.0, min(10.0, 0.25 * max(rows, cols)))
     fig, ax = plt.subplots(figsize=(size * cols / max(rows, cols) + 1.5,
