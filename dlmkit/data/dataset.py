@@ -106,6 +106,13 @@ class SFTDataset(torch.utils.data.Dataset):
     def num_supervised_tokens(self) -> int:
         return int(self._mask.sum())
 
+    @property
+    def supervised_lengths(self) -> torch.Tensor:
+        """Supervised (response) token count of every example, ``LongTensor [N]``."""
+        totals = torch.cat([self._mask.new_zeros(1, dtype=torch.long),
+                            self._mask.long().cumsum(0)])
+        return totals[self._offsets[1:]] - totals[self._offsets[:-1]]
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)
         if isinstance(index, torch.Tensor):

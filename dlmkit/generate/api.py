@@ -95,6 +95,8 @@ class LoadedModel:
                     f"one of {sorted(set(STRATEGY_SAMPLERS.values()) | {'ar'})} explicitly")
             sampler = STRATEGY_SAMPLERS[strategy]
         defaults: dict = {}
+        if self.meta.get("max_new_tokens"):
+            defaults["max_new_tokens"] = int(self.meta["max_new_tokens"])
         trained_block = self.meta.get("block_size")
         from .config import OPTIONS
 

@@ -184,8 +184,15 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
     return float(loss) if all(v > 0 for v in denominators.values()) else float("nan")
 
 
-def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World) -> Path:
-    """``RUN/final``: a Hugging Face directory (safetensors, config, tokenizer) + dlmkit.json."""
+def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World,
+                 train_set) -> Path:
+    """``RUN/final``: a Hugging Face directory (safetensors, config, tokenizer) + dlmkit.json.
+
+    ``dlmkit.json`` records the strategy and its options (the samplers' defaults) and
+    ``max_new_tokens``: the longest response seen in training, rounded up to the strategy's
+    block, the default generation length (a masked-diffusion model decodes best on a canvas
+    of the lengths it was trained on).
+    """
     final = run_dir / "final"
     if world.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -205,6 +212,8 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "mask_token_id": tokenizer.mask_token_id,
             "options": strategy.config,
             "max_seq_len": config["data"]["max_seq_len"],
+            "max_new_tokens": _round_up(int(train_set.supervised_lengths.max()),
+                                        strategy.config.get("block_size") or 1),
         }, indent=1))
     barrier(world)
     return final
@@ -330,11 +339,15 @@ def _run(config: dict, world: World, resume: bool) -> Path:
             progress.update(1)
     if progress is not None:
         progress.close()
-    final = export_final(run_dir, model, tokenizer, config, strategy, world)
+    final = export_final(run_dir, model, tokenizer, config, strategy, world, train_set)
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
         print(f"run directory: {run_dir}\nfinal model: {final}")
     return run_dir
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def default_run_dir(config: dict) -> Path:

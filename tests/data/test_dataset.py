@@ -55,3 +55,13 @@ def test_seed_helpers_are_reexported_when_present():
         pytest.skip("dlmkit/data/seeds.py not written yet")
     assert callable(data.sample_seed) and callable(data.validation_seed)
     assert {"sample_seed", "validation_seed"} <= set(public_names)
+
+
+def test_supervised_lengths_count_each_examples_response():
+    from dlmkit.data import ByteTokenizer
+
+    tok = ByteTokenizer()
+    ds = SFTDataset([{"prompt": "a", "response": "xyz"}, {"prompt": "bb", "response": "q"}], tok)
+    # the response bytes plus the end-of-turn marker are supervised
+    assert ds.supervised_lengths.tolist() == [4, 2]
+    assert int(ds.supervised_lengths.sum()) == ds.num_supervised_tokens

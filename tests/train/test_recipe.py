@@ -76,6 +76,8 @@ def test_export_loads_with_transformers(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
     meta = json.loads((final / "dlmkit.json").read_text())
     assert meta["strategy"] == "bd3lm" and meta["block_size"] == 4
+    # the longest trained response (reverse: 5 characters + end marker) rounded up to a block
+    assert meta["max_new_tokens"] == 8
     tok = load_tokenizer(str(final))
     assert tok.vocab_size == model.get_input_embeddings().num_embeddings
     assert meta["mask_token_id"] == tok.mask_token_id
