@@ -71,7 +71,9 @@ def build_model(spec: str, vocab_size: int, *, attention: str, dtype: torch.dtyp
 def load_exported(path: str | Path, *, attention: str = "sdpa", device: str | torch.device = "cpu"):
     """Load a model directory written by ``dlmkit train`` (``RUN/final``) for inference."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a weight-loading bar per call clutters generate/eval
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a model directory (no config.json); pass RUN/final")
