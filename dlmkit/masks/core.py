@@ -195,7 +195,9 @@ class Mask:
         out = torch.full((self.batch, 1, self.q_len, self.kv_len), block, dtype=dtype,
                          device=self.device)
         grid = out[:, 0]
-        if self.structured:
+        # A small mask is cheapest as one vectorised rule call; a large structured one tile by
+        # tile (whole tiles filled, the rule only on partial tiles), which costs O(output).
+        if self.structured and out.numel() > _ROW_CHUNK_ELEMENTS:
             self._render_by_tiles(grid, allow)
         else:
             self._render_by_rows(grid, allow)

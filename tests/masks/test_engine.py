@@ -111,6 +111,7 @@ def test_fallback_dense_works_in_row_chunks(monkeypatch):
 
 def test_structured_dense_evaluates_only_partial_tiles(monkeypatch):
     monkeypatch.setattr(core_module, "_DENSE_TILE", 4)
+    monkeypatch.setattr(core_module, "_ROW_CHUNK_ELEMENTS", 16)  # "large": take the tile path
     calls = []
 
     def rule(b, q, kv):
@@ -242,7 +243,8 @@ def test_bad_input():
         causal(4).render("x.png", batch_index=2)
 
 
-def test_closed_form_tiles_hook_is_used_and_checked():
+def test_closed_form_tiles_hook_is_used_and_checked(monkeypatch):
+    monkeypatch.setattr(core_module, "_ROW_CHUNK_ELEMENTS", 16)  # dense via the tile path
     calls = []
 
     def tiles(q_block, kv_block):
@@ -253,7 +255,7 @@ def test_closed_form_tiles_hook_is_used_and_checked():
     assert mask.structured and not mask.has_intervals
     assert_matches_create_block_mask(mask, (4, 3))
     assert_matches_create_mask(mask)  # dense forms also come from the closed-form tile map
-    assert (4, 3) in calls
+    assert (4, 3) in calls and (core_module._DENSE_TILE, core_module._DENSE_TILE) in calls
     broken = Mask.from_rule(lambda b, q, kv: kv <= q, 10, 10,
                             tiles=lambda qb, kb: torch.zeros(1, 2, 2, dtype=torch.int8))
     with pytest.raises(ValueError, match="tiles"):
