@@ -78,20 +78,40 @@ def check_valid(valid, seq_len: int, name: str = "valid") -> torch.Tensor | None
     return valid.to(torch.int8)
 
 
+def int_rows(name: str, value, width: int | None = None) -> torch.Tensor:
+    """Integer data given per batch row: a sequence or tensor ``[width]`` (one row, shared) or
+    ``[batch, width]``; returns int64 ``[batch, width]``. ``width=None`` accepts any width >= 1.
+    """
+    shape = "[n]" if width is None else f"[{width}]"
+    if isinstance(value, (list, tuple)):
+        try:
+            value = torch.tensor(value, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be a sequence of ints or an integer tensor "
+                            f"{shape} / [batch, ...], got {value!r:.80}") from None
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor of shape {shape} or "
+                        f"[batch, {shape[1:-1]}], got {type(value).__name__}")
+    if value.is_floating_point() or value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"{name} must hold integers, got dtype {value.dtype}")
+    if value.dim() == 1:
+        value = value.unsqueeze(0)
+    if value.dim() != 2 or value.shape[0] < 1 or value.shape[1] < 1 or \
+            (width is not None and value.shape[1] != width):
+        raise ValueError(f"{name} must have shape [batch, {shape[1:-1]}] (or {shape} for one "
+                         f"row shared by the batch), got {tuple(value.shape)}")
+    return value.to(torch.int64)
+
+
 def check_ids(name: str, ids, seq_len: int, *, minimum: int = 0) -> torch.Tensor:
     """Validate an integer id tensor ``[batch, seq_len]`` (e.g. document ids); return int64."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor of shape [batch, {seq_len}], "
                         f"got {type(ids).__name__}")
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] != seq_len:
-        raise ValueError(f"{name} must have shape [batch, {seq_len}], got {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
-        raise TypeError(f"{name} must hold integers, got dtype {ids.dtype}")
+    ids = int_rows(name, ids, seq_len)
     if ids.numel() and int(ids.min()) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got minimum {int(ids.min())}")
-    return ids.to(torch.int64)
+    return ids
 
 
 def broadcast_batch(*batches: int) -> int:

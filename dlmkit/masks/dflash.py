@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_int, check_positive_int, check_valid
+from .checks import check_int, check_positive_int, check_valid, int_rows
 from .core import Mask
 
 
@@ -76,17 +76,15 @@ def _check_ctx_docs(ctx_doc_id, anchor_doc_id, anchors: torch.Tensor, ctx_len: i
     if not isinstance(ctx_doc_id, torch.Tensor):
         raise TypeError(f"ctx_doc_id must be an integer torch.Tensor [batch, {ctx_len}], "
                         f"got {type(ctx_doc_id).__name__}")
-    if ctx_doc_id.dim() == 1:
-        ctx_doc_id = ctx_doc_id.unsqueeze(0)
+    ctx_doc_id = int_rows("ctx_doc_id", ctx_doc_id, ctx_len)
     batch = anchors.shape[0]
-    if ctx_doc_id.dim() != 2 or ctx_doc_id.shape[1] != ctx_len or \
-            ctx_doc_id.shape[0] not in (1, batch):
+    if ctx_doc_id.shape[0] not in (1, batch):
         raise ValueError(f"ctx_doc_id must have shape [{batch} or 1, ctx_len={ctx_len}], "
                          f"got {tuple(ctx_doc_id.shape)}")
     anchor_doc_id = _check_per_block("anchor_doc_id", anchor_doc_id, anchors)
-    for name, ids in (("ctx_doc_id", ctx_doc_id), ("anchor_doc_id", anchor_doc_id)):
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise TypeError(f"{name} must hold integers, got dtype {ids.dtype}")
+    if anchor_doc_id.is_floating_point() or anchor_doc_id.is_complex() or \
+            anchor_doc_id.dtype == torch.bool:
+        raise TypeError(f"anchor_doc_id must hold integers, got dtype {anchor_doc_id.dtype}")
     return ctx_doc_id.to(anchors.device).long().expand(batch, ctx_len), anchor_doc_id.long()
 
 

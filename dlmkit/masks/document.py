@@ -31,27 +31,15 @@ from __future__ import annotations
 import torch
 
 from .causal import causal
-from .checks import broadcast_batch, check_ids, check_int, check_positive_int
+from .checks import broadcast_batch, check_ids, check_int, check_positive_int, int_rows
 from .core import Mask
 
 
 # ---------------------------------------------------------------------- layouts
 def _check_offsets(name: str, offsets, device) -> torch.Tensor:
     """``[batch or 1, n_docs + 1]`` int64 cu_seqlens."""
-    if isinstance(offsets, (list, tuple)):
-        try:
-            offsets = torch.tensor(offsets, dtype=torch.int64)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a sequence of ints or an int tensor, "
-                            f"got {offsets!r}") from None
-    if not isinstance(offsets, torch.Tensor):
-        raise TypeError(f"{name} must be an int tensor [n_docs + 1] or [batch, n_docs + 1], "
-                        f"got {type(offsets).__name__}")
-    if offsets.is_floating_point() or offsets.dtype == torch.bool or offsets.is_complex():
-        raise TypeError(f"{name} must hold integers, got dtype {offsets.dtype}")
-    if offsets.dim() == 1:
-        offsets = offsets.unsqueeze(0)
-    if offsets.dim() != 2 or offsets.shape[1] < 2 or offsets.shape[0] < 1:
+    offsets = int_rows(f"{name} (cu_seqlens, n_docs + 1 values)", offsets)
+    if offsets.shape[1] < 2:
         raise ValueError(f"{name} must have shape [n_docs + 1] or [batch, n_docs + 1] with "
                          f"n_docs >= 1, got {tuple(offsets.shape)}")
     offsets = offsets.to(dtype=torch.int64)

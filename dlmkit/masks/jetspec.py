@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import check_int, check_positive_int
+from .checks import check_int, check_positive_int, int_rows
 from .core import Mask
 
 
@@ -173,18 +173,7 @@ def jetspec_training(prefix_length: int, block_size: int, num_blocks: int, ancho
     if anchors is None:
         visible = torch.full((1, n), P, dtype=torch.int64)
     else:
-        if isinstance(anchors, (list, tuple)):
-            anchors = torch.tensor(anchors)
-        if not isinstance(anchors, torch.Tensor):
-            raise TypeError(f"anchors must be an int tensor [num_blocks] or "
-                            f"[batch, num_blocks], got {type(anchors).__name__}")
-        if anchors.is_floating_point() or anchors.dtype == torch.bool:
-            raise TypeError(f"anchors must hold integers, got dtype {anchors.dtype}")
-        if anchors.dim() == 1:
-            anchors = anchors.unsqueeze(0)
-        if anchors.dim() != 2 or anchors.shape[1] != n or anchors.shape[0] < 1:
-            raise ValueError(f"anchors must have shape [num_blocks={n}] or [batch, {n}], "
-                             f"got {tuple(anchors.shape)}")
+        anchors = int_rows("anchors (one per block)", anchors, n)
         if bool((anchors < 0).any()) or bool((anchors > P).any()):
             raise ValueError(f"anchors must be in [0, prefix_length={P}], "
                              f"got {anchors.tolist()}")
