@@ -16,14 +16,19 @@ class MDLMStrategy(Strategy):
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
-        ids, loss_mask, valid = batch["input_ids"], batch["loss_mask"], batch["attention_valid"]
-        noisy, noise_mask, p_mask = corrupt_uniform(ids, loss_mask, self.mask_token_id,
-                                                    eps=self.config["eps"], generator=generators)
+        noisy, noise_mask, p_mask = corrupt_uniform(
+            batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=self.config["eps"],
+            generator=generators)
+        return self.one_stream(batch, noisy, noise_mask, p_mask)
+
+    def one_stream(self, batch, noisy, noise_mask, p_mask) -> dict:
+        """The model sees ``x_t`` alone under bidirectional attention over the real tokens."""
+        ids, valid = batch["input_ids"], batch["attention_valid"]
         mask = self.cached_mask(self.layout_key(batch),
                                 lambda: bidirectional(ids.shape[1], valid, device=ids.device))
         return {"input_ids": noisy, "mask": mask, "position_ids": batch["position_ids"],
                 "target_ids": ids, "noise_mask": noise_mask, "p_mask": p_mask,
-                "loss_mask": loss_mask}
+                "loss_mask": batch["loss_mask"]}
 
     def counts(self, prepared):
         return {"num_tokens": (prepared["loss_mask"] != 0).sum()}
