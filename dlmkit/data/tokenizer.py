@@ -441,6 +441,11 @@ class HFTokenizer(Tokenizer):
         )
 
 
+# Files whose presence marks a directory as a Hugging Face tokenizer.
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json",
+                       "tokenizer.model", "vocab.txt")
+
+
 def load_tokenizer(
     spec: str | os.PathLike | Tokenizer,
     *,
@@ -468,6 +473,11 @@ def load_tokenizer(
         )
     if (path / BYTE_TOKENIZER_FILE).exists():
         return ByteTokenizer.load(path)
+    if not any((path / name).exists() for name in _HF_TOKENIZER_FILES):
+        raise ValueError(
+            f"{path} holds no tokenizer: expected {BYTE_TOKENIZER_FILE} (dlmkit byte tokenizer) "
+            f"or one of {', '.join(_HF_TOKENIZER_FILES)} (Hugging Face)"
+        )
     return HFTokenizer.from_pretrained(
         path, allow_eos_as_pad=allow_eos_as_pad, mask_token=mask_token, chat_template=chat_template
     )

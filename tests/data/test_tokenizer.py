@@ -238,3 +238,9 @@ def test_hf_without_chat_template_is_an_error():
     assert "[USER]" in t2.decode(
         t2.apply_chat_template([{"role": "user", "content": "a"}]).input_ids
     )
+
+
+def test_directory_without_tokenizer_files_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds no tokenizer"):
+        load_tokenizer(tmp_path)
