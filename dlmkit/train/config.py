@@ -44,7 +44,8 @@ DEFAULTS: dict = {
     "train": {
         "steps": 400,
         "global_batch_size": 64,
-        "micro_batch_size": 64,   # per rank; accumulation = global / (micro * world)
+        "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
+                                   # share); accumulation = global / (micro * world)
         "lr": 3.0e-3,
         "min_lr_ratio": 0.1,
         "warmup_steps": 20,
@@ -155,7 +156,11 @@ def validate(config: dict) -> dict:
         return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
     t, d, m = config["train"], config["data"], config["model"]
-    for key in ("steps", "global_batch_size", "micro_batch_size", "log_every", "val_every",
+    if t["micro_batch_size"] is not None:
+        value = t["micro_batch_size"]
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+             f"train.micro_batch_size must be a positive int or null, got {value!r}")
+    for key in ("steps", "global_batch_size", "log_every", "val_every",
                 "save_every"):
         need(positive_int(t[key]), f"train.{key} must be a positive int, got {t[key]!r}")
     need(number(t["lr"]) and t["lr"] > 0, f"train.lr must be > 0, got {t['lr']!r}")

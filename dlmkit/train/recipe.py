@@ -64,6 +64,12 @@ def build_collator(config: dict, tokenizer, strategy) -> Collator:
                     pack=d["pack"])
 
 
+def sampler_micro_batch(config: dict, world: World) -> int:
+    """Rows per forward on one rank: ``train.micro_batch_size``, or the rank's whole share."""
+    t = config["train"]
+    return t["micro_batch_size"] or max(1, t["global_batch_size"] // world.world_size)
+
+
 def lr_at(step: int, config: dict) -> float:
     """Linear warmup then cosine decay to ``min_lr_ratio * lr`` (multiplier of lr)."""
     t = config["train"]
@@ -151,7 +157,7 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
     training step, over every validation sample. Noise is seeded per sample only (never by the
     step), so successive evaluations are comparable."""
     model.eval()
-    micro = config["train"]["micro_batch_size"]
+    micro = sampler_micro_batch(config, world)
     shards = [ix for ix in eval_batches(len(dataset), micro * world.world_size, rank=world.rank,
                                         world_size=world.world_size) if ix]
 
@@ -258,7 +264,8 @@ def build_components(config: dict, world: World) -> Components:
     train_set, val_set = build_datasets(config, tokenizer)
     sampler = GlobalBatchSampler(len(train_set), t["global_batch_size"], rank=world.rank,
                                  world_size=world.world_size,
-                                 micro_batch_size=t["micro_batch_size"], seed=config["seed"])
+                                 micro_batch_size=sampler_micro_batch(config, world),
+                                 seed=config["seed"])
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
