@@ -52,8 +52,13 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def shutdown(world: World) -> None:
+def shutdown(world: World, *, clean: bool = True) -> None:
+    """Leave the process group. After a clean run the ranks tear down together: a rank that
+    destroys its gloo group while a peer is still busy (rank 0 draws the loss curve after the
+    last collective) can abort that peer. After an error no barrier (the peer may never come)."""
     if world.distributed and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

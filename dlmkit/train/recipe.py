@@ -229,9 +229,12 @@ def run(config: dict, *, resume: bool = False) -> Path:
     """Train as configured; returns the run directory."""
     world = init_world(config["train"]["device"])
     try:
-        return _run(config, world, resume)
-    finally:
-        shutdown(world)
+        run_dir = _run(config, world, resume)
+    except BaseException:
+        shutdown(world, clean=False)
+        raise
+    shutdown(world)
+    return run_dir
 
 
 @dataclass
