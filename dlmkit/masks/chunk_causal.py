@@ -93,6 +93,22 @@ def _build(cache: MaskCache | None, key: tuple, build: Callable[[], Mask]) -> Ma
     return build() if cache is None else cache.get(key, build)
 
 
+def _self_mask(kind: str, rule: Callable, tags: TokenTags, valid, cache: MaskCache | None
+               ) -> Mask:
+    """A self-attention mask over one tagged stream: padded masks are built fresh (their key
+    would be the padding itself), unpadded ones are cached by layout."""
+    L = tags.length
+    name = f"{kind}_{L}"
+
+    def intervals():
+        return _run_intervals(rule, tags, tags)
+
+    if valid is not None:
+        return self_attention_mask(name, rule, intervals, L, 1, valid, tags.device)
+    return _build(cache, (kind, tags.key()), lambda: Mask(
+        rule, L, L, 1, intervals=intervals, name=name, device=tags.device))
+
+
 def chunk_causal(tags: TokenTags, valid=None, *, cache: MaskCache | None = CACHE) -> Mask:
     """Chunk-causal self-attention mask ``[batch, 1, L, L]`` over one tagged stream.
 
@@ -113,14 +129,7 @@ def chunk_causal(tags: TokenTags, valid=None, *, cache: MaskCache | None = CACHE
         noised_sees_clean = (kq == KIND_NOISED) & (kk == KIND_CLEAN) & (ck < cq)
         return (q < L) & (kv < L) & (sees_global | clean | noised | noised_sees_clean)
 
-    def intervals():
-        return _run_intervals(rule, tags, tags)
-
-    name = f"chunk_causal_{L}"
-    if valid is not None:
-        return self_attention_mask(name, rule, intervals, L, 1, valid, tags.device)
-    return _build(cache, ("chunk_causal", tags.key()), lambda: Mask(
-        rule, L, L, 1, intervals=intervals, name=name, device=tags.device))
+    return _self_mask("chunk_causal", rule, tags, valid, cache)
 
 
 def _first_by_chunk(chunk: torch.Tensor, values: torch.Tensor, size: int) -> torch.Tensor:
@@ -200,14 +209,7 @@ def expert_self(q_tags: TokenTags, valid=None, *, cache: MaskCache | None = CACH
         qi, ki = q.clamp(0, L - 1), kv.clamp(0, L - 1)
         return (q < L) & (kv < L) & (chunk[qi] == chunk[ki])
 
-    def intervals():
-        return _run_intervals(rule, q_tags, q_tags)
-
-    name = f"expert_self_{L}"
-    if valid is not None:
-        return self_attention_mask(name, rule, intervals, L, 1, valid, q_tags.device)
-    return _build(cache, ("expert_self", q_tags.key()), lambda: Mask(
-        rule, L, L, 1, intervals=intervals, name=name, device=q_tags.device))
+    return _self_mask("expert_self", rule, q_tags, valid, cache)
 
 
 def _example_slots(seq_len: int, block_size: int):
