@@ -1,6 +1,8 @@
 """The sampling entry points: load an exported model, generate, infill, evaluate.
 
-``generate(model, tokenizer, prompts, config)`` picks the sampler from ``config.sampler``:
+``generate(model, tokenizer, prompts, config)`` runs the decoder of ``config.sampler``
+(:data:`DECODERS`); an export's default sampler is its training strategy's ``sampler``
+(:func:`strategy_samplers`), so a new family needs no change here beyond its decoder:
 
 ============  ==============================================  ============================
 sampler       family / layout it decodes                       module
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from dlmkit import strategies
+
 from .block import sample_blocks
 from .config import SamplerConfig
 from .idlm import sample_isd
@@ -35,10 +39,6 @@ from .scdd import sample_scdd
 from .stream import sample_ar
 
 META_FILE = "dlmkit.json"
-# Training strategy (dlmkit.json "strategy") -> sampler.
-STRATEGY_SAMPLERS = {"mdlm": "mdlm", "scdd": "scdd", "bd3lm": "bd3lm", "hybrid": "hybrid",
-                     "idlm": "idlm"}
-SCDD_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")
 TOKENIZER_FILES = ("dlmkit_tokenizer.json", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -87,25 +87,25 @@ class LoadedModel:
         """A :class:`SamplerConfig` for this model: the sampler defaults to the training
         strategy, ``block_size`` (and SCDD's schedule) to what the model was trained with;
         ``options`` override (unknown or unused ones are errors)."""
-        strategy = self.meta.get("strategy")
+        from .config import SAMPLERS
+
+        name = self.meta.get("strategy")
+        strategy = strategies.get(name) if name in strategies.names() else None
         if sampler is None:
-            if strategy not in STRATEGY_SAMPLERS:
-                raise ValueError(
-                    f"{self.path / META_FILE}: strategy {strategy!r} has no sampler here; pick "
-                    f"one of {sorted(set(STRATEGY_SAMPLERS.values()) | {'ar'})} explicitly")
-            sampler = STRATEGY_SAMPLERS[strategy]
+            if strategy is None or not strategy.sampler:
+                where = self.path / META_FILE
+                why = (f"{where}: strategy {name!r} has no sampler here" if self.meta
+                       else f"{self.path} has no {META_FILE} (not exported by `dlmkit train`)")
+                raise ValueError(f"{why}; pick one explicitly with --sampler "
+                                 f"({', '.join(SAMPLERS)})")
+            sampler = strategy.sampler
         defaults: dict = {}
         if self.meta.get("max_new_tokens"):
             defaults["max_new_tokens"] = int(self.meta["max_new_tokens"])
-        trained_block = self.meta.get("block_size")
-        from .config import OPTIONS
-
-        if trained_block and "block_size" in OPTIONS.get(sampler, ()) and sampler != "mdlm":
-            if not (sampler == "hybrid" and options.get("mode") == "ar"):
-                defaults["block_size"] = int(trained_block)
-        if sampler == "scdd":
-            trained = self.meta.get("options") or {}
-            defaults.update({k: trained[k] for k in SCDD_OPTIONS if k in trained})
+        # A sampler other than the family's own gets no trained defaults: the options mean
+        # different things to different samplers (mdlm's block is a semi-AR window).
+        if strategy is not None and sampler == strategy.sampler:
+            defaults.update(strategy.sampler_defaults(self.meta, options))
         defaults.update(options)
         return SamplerConfig.from_options(sampler, **defaults)
 
@@ -136,7 +136,11 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
             raise ValueError(f"{meta_file}: not valid JSON ({err})") from None
         if not isinstance(meta, dict):
             raise ValueError(f"{meta_file}: expected a JSON object, got {type(meta).__name__}")
-    model = load_exported(path, attention=attention, device=device)
+    name = meta.get("strategy")
+    if name in strategies.names():
+        model = strategies.get(name).load_model(path, attention=attention, device=device)
+    else:  # a plain HF causal LM (e.g. an ``ar`` target): decodable with --sampler
+        model = load_exported(path, attention=attention, device=device)
     mask_id = meta.get("mask_token_id")
     if mask_id is not None and mask_id != tokenizer.mask_token_id:
         raise ValueError(f"{meta_file}: mask_token_id {mask_id} differs from the tokenizer's "
@@ -163,6 +167,46 @@ def _strip(tokens: list[int], stop_ids: Sequence[int], mask_id: int) -> tuple[li
     return tokens, len(tokens)
 
 
+def _decode_mdlm(runner, encoded, cfg, **kw):
+    return sample_masked(runner, encoded, cfg, **kw).tolist()
+
+
+def _decode_scdd(runner, encoded, cfg, *, stop_ids, **kw):
+    return sample_scdd(runner, encoded, cfg, **kw).tolist()
+
+
+def _decode_blocks(runner, encoded, cfg, **kw):
+    return sample_blocks(runner, encoded, cfg, clean_causal=False, **kw).tolist()
+
+
+def _decode_hybrid(runner, encoded, cfg, **kw):
+    if cfg.mode == "ar":
+        return _decode_ar(runner, encoded, cfg, **kw)
+    return sample_blocks(runner, encoded, cfg, clean_causal=True, **kw).tolist()
+
+
+def _decode_isd(runner, encoded, cfg, **kw):
+    return sample_isd(runner, encoded, max_new_tokens=cfg.max_new_tokens, stride=cfg.block_size,
+                      temperature=cfg.temperature, **kw)
+
+
+def _decode_ar(runner, encoded, cfg, **kw):
+    return sample_ar(runner, encoded, max_new_tokens=cfg.max_new_tokens,
+                     temperature=cfg.temperature, **kw)
+
+
+# Sampler name -> ``decode(runner, encoded prompts, resolved config, *, stop_ids, generator,
+# mask_id, pad_id) -> list of token-id rows`` (the generated part, before stripping).
+DECODERS = {"mdlm": _decode_mdlm, "scdd": _decode_scdd, "bd3lm": _decode_blocks,
+            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar}
+
+
+def strategy_samplers() -> dict[str, str]:
+    """Training strategy -> the sampler that decodes its export (from the strategies)."""
+    return {name: strategies.get(name).sampler for name in strategies.names()
+            if strategies.get(name).sampler}
+
+
 def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
              config: SamplerConfig) -> GenerationResult:
     """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch."""
@@ -176,22 +220,8 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     stop_ids = tuple(tokenizer.stop_token_ids)
     start = time.perf_counter()
     with torch.no_grad():
-        if cfg.sampler == "mdlm":
-            out = sample_masked(runner, encoded, cfg, stop_ids=stop_ids, generator=generator,
-                                **ids).tolist()
-        elif cfg.sampler == "scdd":
-            out = sample_scdd(runner, encoded, cfg, generator=generator, **ids).tolist()
-        elif cfg.sampler == "bd3lm" or (cfg.sampler == "hybrid" and cfg.mode == "diffusion"):
-            out = sample_blocks(runner, encoded, cfg, stop_ids=stop_ids, generator=generator,
-                                clean_causal=cfg.sampler == "hybrid", **ids).tolist()
-        elif cfg.sampler == "idlm":
-            out = sample_isd(runner, encoded, max_new_tokens=cfg.max_new_tokens,
-                             stride=cfg.block_size, temperature=cfg.temperature,
-                             stop_ids=stop_ids, generator=generator, **ids)
-        else:  # ar, hybrid in ar mode
-            out = sample_ar(runner, encoded, max_new_tokens=cfg.max_new_tokens,
-                            temperature=cfg.temperature, stop_ids=stop_ids,
-                            generator=generator, **ids)
+        out = DECODERS[cfg.sampler](runner, encoded, cfg, stop_ids=stop_ids,
+                                    generator=generator, **ids)
     seconds = time.perf_counter() - start
     stripped = [_strip(row, stop_ids, tokenizer.mask_token_id) for row in out]
     tokens = [t for t, _ in stripped]

@@ -1,7 +1,14 @@
 """The strategy interface: everything that is specific to one dLLM family.
 
-A strategy owns its corruption, its attention mask, how the model is fed and its loss. The
-recipe calls, per micro-batch:
+A strategy owns its model(s), its corruption, its attention mask, how the model is fed, its
+loss and which sampler decodes it. Once per run the recipe calls:
+
+* ``build_model(spec, ...)`` — the trained model (default: a Hugging Face causal LM from a
+  preset or a local directory; a family with another architecture overrides it);
+* ``setup(device)`` — load the frozen auxiliary models the family needs (default: none); they
+  live on the strategy, are never trained, wrapped for DDP/FSDP or checkpointed;
+
+then, per micro-batch:
 
 1. ``prepare(batch, generators)`` — corrupt (every random number from the per-sample
    generators) and lay out the model input; returns a dict of tensors and the ``Mask``;
@@ -10,6 +17,11 @@ recipe calls, per micro-batch:
 3. ``loss(model, prepared, denominators)`` — forward and loss with the global denominators.
 
 So the gradient of a step is the whole-batch token mean whatever the micro-batch/rank split.
+
+For decoding, ``sampler`` names the :mod:`dlmkit.generate` sampler that decodes the export,
+``sampler_defaults(meta)`` reads that sampler's defaults from ``dlmkit.json``, ``export_meta()``
+adds the family's own fields to it, and ``load_model(path, ...)`` loads the export. Nothing
+outside ``strategies/`` branches on a family name.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from typing import Any
 import torch
 
 from dlmkit.masks import MaskCache
-from dlmkit.models import forward_logits
+from dlmkit.models import build_model, forward_logits, load_exported
 
 
 class Strategy:
@@ -28,6 +40,10 @@ class Strategy:
     name: str = ""
     options: dict[str, Any] = {}
     supports_packing: bool = False
+    # The generate sampler that decodes this family's export (``dlmkit generate`` default).
+    sampler: str = ""
+    # The model preset used when ``model.name`` is not set (the family's architecture).
+    default_model: str = "tiny-llama"
 
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
                  loss_chunk_size: int | None = None) -> None:
@@ -55,6 +71,36 @@ class Strategy:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"strategy.{key} must be a positive int, got {value!r}")
+
+    # -- the model(s) ------------------------------------------------------------------------
+    def build_model(self, spec: str, *, vocab_size: int, attention: str, dtype: torch.dtype,
+                    overrides: dict | None = None) -> torch.nn.Module:
+        """The model this family trains, from a preset name or a local model directory."""
+        return build_model(spec, vocab_size, attention=attention, dtype=dtype,
+                           overrides=overrides)
+
+    def setup(self, device: torch.device) -> None:
+        """Load the frozen auxiliary models (e.g. a DFlash target) onto ``device``."""
+
+    @classmethod
+    def load_model(cls, path, *, attention: str = "sdpa", device="cpu") -> torch.nn.Module:
+        """The exported model (``RUN/final``) in eval mode, for decoding."""
+        return load_exported(path, attention=attention, device=device)
+
+    def export_meta(self) -> dict:
+        """Fields of ``dlmkit.json`` beyond the common ones (strategy, options, lengths)."""
+        return {}
+
+    @classmethod
+    def sampler_defaults(cls, meta: dict, options: dict) -> dict:
+        """Sampler options read from the export's ``dlmkit.json`` (``meta``); ``options`` are
+        the user's, which win. Default: the trained block size, for samplers that take one."""
+        from dlmkit.generate.config import OPTIONS
+
+        block = meta.get("block_size")
+        if block and "block_size" in OPTIONS.get(cls.sampler, ()):
+            return {"block_size": int(block)}
+        return {}
 
     # -- hooks -------------------------------------------------------------------------------
     def prepare(self, batch: dict, generators: list[torch.Generator]) -> dict:

@@ -10,6 +10,7 @@ from .twostream import TwoStreamStrategy
 
 class BD3LMStrategy(TwoStreamStrategy):
     name = "bd3lm"
+    sampler = "bd3lm"
     options = {"block_size": 4, "eps": 1e-3}
     mask_factory = staticmethod(block_diffusion)
 

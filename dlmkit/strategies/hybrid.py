@@ -14,9 +14,15 @@ CORRUPTIONS = ("uniform", "blockwise")
 
 class HybridStrategy(TwoStreamStrategy):
     name = "hybrid"
+    sampler = "hybrid"
     options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "eps": 1e-3,
                "half_life_ratio": 0.25}
     mask_factory = staticmethod(hybrid)
+
+    @classmethod
+    def sampler_defaults(cls, meta, options):
+        # AR mode decodes the clean causal stream: no block.
+        return {} if options.get("mode") == "ar" else super().sampler_defaults(meta, options)
 
     def validate(self) -> None:
         super().validate()

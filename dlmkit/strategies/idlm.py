@@ -11,6 +11,7 @@ from .twostream import TwoStreamStrategy
 
 class IDLMStrategy(TwoStreamStrategy):
     name = "idlm"
+    sampler = "idlm"
     options = {"block_size": 4, "clean_loss_weight": 0.2, "auto_balance": False}
     mask_factory = staticmethod(idlm)
 

@@ -10,6 +10,7 @@ from .base import Strategy
 
 class MDLMStrategy(Strategy):
     name = "mdlm"
+    sampler = "mdlm"
     options = {"eps": 1e-3}
 
     def validate(self) -> None:

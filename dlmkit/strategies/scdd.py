@@ -6,12 +6,21 @@ from dlmkit.diffusion import SCDDLoss, corrupt_scdd
 
 from .mdlm import MDLMStrategy
 
+SCHEDULE_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")  # shared with the SCDD sampler
+
 
 class SCDDStrategy(MDLMStrategy):
     """Same layout and denominators as MDLM; its own corruption and loss."""
 
     name = "scdd"
+    sampler = "scdd"
     options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5}
+
+    @classmethod
+    def sampler_defaults(cls, meta, options):
+        # The reverse process must run on the schedule the model was trained with.
+        trained = meta.get("options") or {}
+        return {k: trained[k] for k in SCHEDULE_OPTIONS if k in trained}
 
     def validate(self) -> None:
         c = self.config

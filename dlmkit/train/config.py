@@ -32,7 +32,8 @@ DEFAULTS: dict = {
         "pack": False,
     },
     "model": {
-        "name": "tiny-llama",     # preset name or local model directory
+        "name": None,             # preset name or local model directory (None = the
+                                  # strategy's own preset: tiny-llama for the causal-LM families)
         "attention": "auto",      # auto | sdpa | flex_attention | eager
         "dtype": "float32",
         "config": {},             # preset overrides (e.g. num_hidden_layers)
@@ -195,7 +196,9 @@ def validate(config: dict) -> dict:
         need(positive_int(d[key]), f"data.{key} must be a positive int, got {d[key]!r}")
     need(isinstance(config["strategy"], dict) and "name" in config["strategy"],
          "strategy.name is required")
-    need(isinstance(m["name"], str), f"model.name must be a string, got {m['name']!r}")
+    need(m["name"] is None or isinstance(m["name"], str),
+         f"model.name must be a string (a preset or a model directory) or null, "
+         f"got {m['name']!r}")
     need(m["dtype"] in ("float32", "bfloat16"),
          f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
     return config

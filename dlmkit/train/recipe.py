@@ -28,7 +28,7 @@ from dlmkit.data import (
     load_tokenizer,
 )
 from dlmkit.data.seeds import sample_generators, validation_generators
-from dlmkit.models import build_model, resolve_attention
+from dlmkit.models import resolve_attention
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import ConfigError
@@ -220,6 +220,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "max_seq_len": config["data"]["max_seq_len"],
             "max_new_tokens": _round_up(int(train_set.supervised_lengths.max()),
                                         strategy.config.get("block_size") or 1),
+            **strategy.export_meta(),
         }, indent=1))
     barrier(world)
     return final
@@ -273,8 +274,11 @@ def build_components(config: dict, world: World) -> Components:
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
     dtype = getattr(torch, config["model"]["dtype"])
-    model = build_model(config["model"]["name"], tokenizer.vocab_size, attention=attention,
-                        dtype=dtype, overrides=config["model"]["config"]).to(world.device)
+    model_name = config["model"]["name"] or strategy.default_model
+    model = strategy.build_model(model_name, vocab_size=tokenizer.vocab_size,
+                                 attention=attention, dtype=dtype,
+                                 overrides=config["model"]["config"]).to(world.device)
+    strategy.setup(world.device)  # frozen auxiliary models: not wrapped, not optimised
     model = wrap_model(model, world, t["distributed"])
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
