@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from .threads import single_threaded
 from .tiles import FULL, PARTIAL
 
 
@@ -44,13 +45,19 @@ def block_mask_from_tiles(
     block_size: tuple[int, int],
     mask_mod: Callable,
 ) -> BlockMask:
-    """Build a ``BlockMask`` (KV- and Q-side lists) from a tile map ``[batch, n_q, n_kv]``."""
-    tiles = tiles.unsqueeze(1)  # heads broadcast: [batch, 1, n_q, n_kv]
-    partial, full = tiles == PARTIAL, tiles == FULL
-    kv_num, kv_idx = ordered_indices(partial)
-    full_kv_num, full_kv_idx = ordered_indices(full)
-    q_num, q_idx = ordered_indices(partial.transpose(-2, -1))
-    full_q_num, full_q_idx = ordered_indices(full.transpose(-2, -1))
+    """Build a ``BlockMask`` (KV- and Q-side lists) from a tile map ``[batch, n_q, n_kv]``
+    (heads broadcast) or ``[batch, heads, n_q, n_kv]``."""
+    if tiles.dim() == 3:
+        tiles = tiles.unsqueeze(1)
+    if tiles.dim() != 4:
+        raise ValueError(f"tiles must be [batch, n_q, n_kv] or [batch, heads, n_q, n_kv], "
+                         f"got shape {tuple(tiles.shape)}")
+    with single_threaded():  # a few small ops per side: see threads.py
+        partial, full = tiles == PARTIAL, tiles == FULL
+        kv_num, kv_idx = ordered_indices(partial)
+        full_kv_num, full_kv_idx = ordered_indices(full)
+        q_num, q_idx = ordered_indices(partial.transpose(-2, -1))
+        full_q_num, full_q_idx = ordered_indices(full.transpose(-2, -1))
     return BlockMask(
         (q_len, kv_len),
         kv_num, kv_idx, full_kv_num, full_kv_idx,

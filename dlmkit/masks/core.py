@@ -29,6 +29,7 @@ import torch
 
 from .blocks import block_mask_from_tiles
 from .checks import broadcast_batch, check_block_size, check_positive_int
+from .threads import single_threaded
 from .tiles import (
     FULL,
     PARTIAL,
@@ -140,19 +141,23 @@ class Mask:
     def tile_map(self, block_size=128) -> torch.Tensor:
         """int8 ``[batch, n_q_tiles, n_kv_tiles]``: 0 empty, 1 partial, 2 full."""
         q_block, kv_block = check_block_size(block_size)
-        if self._tiles_fn is not None:
-            tiles = self._tiles_fn(q_block, kv_block)
-            expected = (cdiv(self.q_len, q_block), cdiv(self.kv_len, kv_block))
-            if tiles.dim() != 3 or tuple(tiles.shape[1:]) != expected:
-                raise ValueError(f"{self.name}: tiles() must return [batch, {expected[0]}, "
-                                 f"{expected[1]}], got {tuple(tiles.shape)}")
-            return tiles.to(torch.int8).expand(self.batch, *expected)
-        intervals = self.row_intervals()
-        if intervals is None:
+        if not self.structured:
+            # Rule evaluation on [q_block, kv_len] slabs: large ops, worth every thread.
             return tile_map_from_rule(self._rule, self.batch, self.q_len, self.kv_len,
                                       q_block, kv_block, self.device)
-        tiles = tile_map_from_intervals(*intervals, self.q_len, self.kv_len, q_block, kv_block)
-        return tiles.expand(self.batch, *tiles.shape[1:])
+        # The structured path is a chain of small index ops: one thread keeps it fast on a
+        # busy machine (see threads.py).
+        with single_threaded():
+            if self._tiles_fn is not None:
+                tiles = self._tiles_fn(q_block, kv_block)
+                expected = (cdiv(self.q_len, q_block), cdiv(self.kv_len, kv_block))
+                if tiles.dim() != 3 or tuple(tiles.shape[1:]) != expected:
+                    raise ValueError(f"{self.name}: tiles() must return [batch, {expected[0]}, "
+                                     f"{expected[1]}], got {tuple(tiles.shape)}")
+                return tiles.to(torch.int8).expand(self.batch, *expected)
+            tiles = tile_map_from_intervals(*self.row_intervals(), self.q_len, self.kv_len,
+                                            q_block, kv_block)
+            return tiles.expand(self.batch, *tiles.shape[1:])
 
     # ------------------------------------------------------------------ renderers
     @property

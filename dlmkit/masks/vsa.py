@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from .blocks import ordered_indices
+from .blocks import block_mask_from_tiles
 from .checks import check_int, check_positive_int
 from .core import Mask
 from .tiles import FULL, PARTIAL
@@ -404,18 +404,6 @@ def _pattern_mod(selected: torch.Tensor, counts: torch.Tensor, tile_numel: int):
     return vsa_mask_mod
 
 
-def _block_mask_from_tile_map(tiles: torch.Tensor, seq_lengths, block_size, mask_mod):
-    """BlockMask with all eight lists from an int8 ``[B, H, n_q, n_kv]`` tile map."""
-    partial, full = tiles == PARTIAL, tiles == FULL
-    kv_num, kv_idx = ordered_indices(partial)
-    full_kv_num, full_kv_idx = ordered_indices(full)
-    q_num, q_idx = ordered_indices(partial.transpose(-2, -1))
-    full_q_num, full_q_idx = ordered_indices(full.transpose(-2, -1))
-    return BlockMask(seq_lengths, kv_num, kv_idx, full_kv_num, full_kv_idx,
-                     q_num, q_idx, full_q_num, full_q_idx,
-                     BLOCK_SIZE=tuple(block_size), mask_mod=mask_mod)
-
-
 def _counts(sizes, num_kv_tiles: int, tile_numel: int, device) -> torch.Tensor:
     if sizes is not None:
         return sizes
@@ -461,8 +449,8 @@ def create_vsa_block_mask(topk_indices: torch.Tensor, tile_numel: int, num_kv_ti
     kind = torch.where(counts < tile_numel, PARTIAL, FULL).to(torch.int8)
     selected = _selection(topk, num_kv_tiles)
     tiles = selected * kind
-    return _block_mask_from_tile_map(
-        tiles, (QT * tile_numel, num_kv_tiles * tile_numel), (tile_numel, tile_numel),
+    return block_mask_from_tiles(
+        tiles, QT * tile_numel, num_kv_tiles * tile_numel, (tile_numel, tile_numel),
         _pattern_mod(selected, counts, tile_numel))
 
 
@@ -502,8 +490,8 @@ def create_vsa_flash_block_mask(topk_indices: torch.Tensor, tile_numel: int, num
     B, H, QT, _ = topk.shape
     selected = _selection(topk, num_kv_tiles)
     tiles = (selected.unsqueeze(-1) * kind.to(torch.int8)).view(B, H, QT, num_kv_tiles * f)
-    return _block_mask_from_tile_map(
-        tiles, (QT * tile_numel, num_kv_tiles * tile_numel), (tile_numel, kv_block_size),
+    return block_mask_from_tiles(
+        tiles, QT * tile_numel, num_kv_tiles * tile_numel, (tile_numel, kv_block_size),
         _pattern_mod(selected, counts, tile_numel))
 
 
