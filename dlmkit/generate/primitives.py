@@ -43,7 +43,8 @@ def confidence(logits: torch.Tensor, tokens: torch.Tensor, remasking: str,
     """float32 ``[...]`` score in ``[0, 1]`` of ``tokens`` under ``logits [..., V]``.
 
     ``low_confidence``: ``p(token)``; ``margin``: ``p(top1) - p(top2)``; ``entropy``:
-    ``exp(-H(p))`` (1 for a one-hot distribution); ``random``: ``U[0, 1)`` (random order).
+    ``exp(-H(p))`` (1 for a one-hot distribution; tokens with probability 0, such as the
+    excluded MASK, contribute nothing); ``random``: ``U[0, 1)`` (random order).
     Probabilities are of the un-tempered logits: temperature changes what is proposed, not how
     sure the model is of it.
     """
@@ -56,8 +57,9 @@ def confidence(logits: torch.Tensor, tokens: torch.Tensor, remasking: str,
         top = probs.topk(2, dim=-1).values
         return top[..., 0] - top[..., 1]
     if remasking == "entropy":
-        logp = torch.log_softmax(logits.float(), -1)
-        return torch.exp((probs * logp).sum(-1))
+        # entr(p) = -p log p with entr(0) = 0: an excluded token (logit -inf, so p = 0 and
+        # log p = -inf) adds nothing, where p * log_softmax would give 0 * -inf = NaN.
+        return torch.exp(-torch.special.entr(probs).sum(-1))
     raise ValueError(f"remasking must be one of {REMASKING}, got {remasking!r}")
 
 

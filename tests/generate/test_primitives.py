@@ -61,3 +61,21 @@ def test_confidence_in_unit_interval_and_gumbel_seeded():
                           torch.Generator().manual_seed(0))
     freq = torch.bincount(draws, minlength=3).float() / 20000
     assert torch.allclose(freq, probs, atol=0.02)
+
+
+def test_entropy_confidence_is_finite_when_the_mask_logit_is_excluded():
+    from dlmkit.generate import SamplerConfig
+    from dlmkit.generate.masked import propose
+
+    cfg = SamplerConfig(sampler="mdlm", max_new_tokens=4, remasking="entropy").resolved()
+    _, scores = propose(torch.randn(1, 4, 10), cfg, 3, torch.Generator())
+    assert bool(torch.isfinite(scores).all()) and bool(((scores > 0) & (scores <= 1)).all())
+    # A confident proposal (all mass on one token once MASK is excluded) scores ~1, so a
+    # threshold fires on it instead of NaN scores committing left to right, one per step.
+    sure = torch.zeros(1, 4, 10)  # rows 1 and 3: uniform over the 9 non-mask tokens
+    sure[..., 3] = 50.0  # the MASK logit, excluded by propose
+    sure[0, ::2, 5] = 40.0
+    _, scores = propose(sure, cfg, 3, torch.Generator())
+    chosen = select_transfers(scores, torch.ones(1, 4, dtype=torch.bool), torch.tensor([1]),
+                              threshold=0.9)
+    assert chosen.tolist() == [[True, False, True, False]]
