@@ -9,6 +9,8 @@ decode mask                       rows/columns of the training mask
 ================================  ==========================================================
 ``block_diffusion_decode``        ``block_diffusion``: noisy rows ``[P, P + n*S)``; clean
                                   columns ``[0, P)`` then noisy columns ``[P, P + n*S)``
+                                  (when ``S`` does not divide ``P``, the cached head of
+                                  the first block stands for its ``x_t`` columns)
 ``idlm_decode``                   ``idlm``: clean rows ``[P, P+V)``, noisy rows of the block
                                   at ``P+V``; clean columns ``[0, P+V)``, noisy block columns
 ``causal_decode``                 ``causal(L)``: rows ``[C, C+n)``, columns ``[0, C+n)``
@@ -36,10 +38,15 @@ def block_diffusion_decode(prefix_len: int, block_size: int, num_blocks: int = 1
 
     Queries are the noisy tokens at stream positions ``[P, P + n*S)`` (``q_len = n*S``); keys are
     ``[clean cache (P) | the noisy tokens]``. A noisy token at position ``s`` (block
-    ``s // S``) sees the cached clean tokens of strictly earlier blocks (``< min(P, block
-    start)``) and the noisy tokens of its own block; several blocks are denoised side by side,
-    each seeing the whole cache plus itself, never each other. ``P`` need not be a multiple of
-    ``S`` (the first block is then the tail of the block containing ``P``).
+    ``s // S``) sees the whole cache and the noisy tokens of its own block; several blocks are
+    denoised side by side, each seeing the whole cache plus itself, never each other.
+
+    ``P`` need not be a multiple of ``S``: the first block is then the tail of the block
+    containing ``P``, and its head ``[P // S * S, P)`` — tokens of the *same* block already
+    committed and cached — stays visible. In training a noisy token sees its whole block in
+    ``x_t`` (a committed token is an unmasked one there), so hiding the head would drop
+    context the model was trained with; cache keys before the block are the clean tokens of
+    earlier blocks, visible in training too. Every cache key is therefore visible to every row.
 
     Example, ``block_diffusion_decode(2, 2, 2)``::
 
@@ -54,17 +61,14 @@ def block_diffusion_decode(prefix_len: int, block_size: int, num_blocks: int = 1
     Q = n * S
 
     def rule(b, q, kv):
-        position = P + q
-        start = position // S * S
-        cached = kv < start.clamp(max=P)
+        start = (P + q) // S * S
         own = (kv >= P) & (kv >= start) & (kv < start + S)
-        return (q < Q) & (kv < P + Q) & (cached | own)
+        return (q < Q) & (kv < P + Q) & ((kv < P) | own)
 
     def intervals():
-        position = P + torch.arange(Q, device=device)
-        start = position // S * S
+        start = (P + torch.arange(Q, device=device)) // S * S
         lo = torch.stack([torch.zeros_like(start), start.clamp(min=P)], -1)
-        hi = torch.stack([start.clamp(max=P), (start + S).clamp(max=P + Q)], -1)
+        hi = torch.stack([torch.full_like(start, P), (start + S).clamp(max=P + Q)], -1)
         return lo.unsqueeze(0), hi.unsqueeze(0)
 
     return Mask(rule, Q, P + Q, 1, intervals=intervals,

@@ -24,7 +24,19 @@ def test_block_diffusion_decode_is_rows_of_the_training_mask(prefix, block, bloc
     rows = list(range(prefix, prefix + n))  # the noisy tokens being decoded
     cols = [L + k for k in range(prefix)] + rows  # clean cache, then the noisy tokens
     mask = block_diffusion_decode(prefix, block, blocks)
-    full_check(mask, sub_grid(training, rows, cols), block_sizes=(data.draw(block_sizes),))
+    # A cached token of the first block's head [prefix // block * block, prefix) is committed:
+    # in training the block's noisy rows see it in x_t, so its cache column is also x_t's.
+    head = [k if k >= prefix // block * block else L + k for k in range(prefix)] + rows
+    expected = sub_grid(training, rows, cols) | sub_grid(training, rows, head)
+    full_check(mask, expected, block_sizes=(data.draw(block_sizes),))
+
+
+def test_block_diffusion_decode_sees_committed_tokens_of_its_own_block():
+    dense = block_diffusion_decode(5, 4, 1).dense()[0, 0]  # keys [cache 0..4 | new 5..8]
+    assert dense[0, 4]  # position 5 sees position 4, committed in its own block [4, 8)
+    assert dense[:, :5].all()  # every row sees the whole cache
+    assert dense[:3, 5:8].all() and not dense[:3, 8].any()  # own block [4, 8) only
+    assert dense[3, 5:].tolist() == [False, False, False, True]  # position 8: block [8, 12)
 
 
 @settings(max_examples=20, deadline=None)
