@@ -57,9 +57,11 @@ class _ChunkedWeightedLoss(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             rows = slice(start, min(start + chunk_size, n))
             c, g = coef[rows], group[rows]
-            if not bool((c != 0).any()):  # unscored rows (prompt, padding) cost nothing
+            if not bool((c != 0).any()):  # unscored rows (prompt, padding) cost no gradient
                 if need_x:
                     gx[rows] = 0
+                if want_argmax:  # but a weight that underflowed to 0 still has a prediction
+                    pred[rows] = _logits(x[rows], weight, bias).argmax(-1)
                 continue
             xc = x[rows]
             with torch.enable_grad():
@@ -107,7 +109,9 @@ def weighted_token_loss(
     ``weight [V, D]`` and optional ``bias [V]``. ``coef [N]``: fixed weights (no gradient).
     ``group [N]`` long in ``[0, num_groups)`` (default all 0). ``chunk_size``: rows per chunk,
     ``None`` = one plain autograd pass. Returns ``(out [num_groups] float32, pred)``, ``pred
-    [N]`` the argmax over the vocabulary if ``argmax`` (-1 on skipped, unweighted chunks).
+    [N]`` the argmax over the vocabulary of every row if ``argmax``, whatever the chunking
+    (so counts such as DFlash's per-offset accuracy do not depend on ``chunk_size``; a chunk
+    whose weights are all 0 then costs one forward of its logits, no gradient).
     """
     coef = coef.detach().to(torch.float32).reshape(-1)
     group = (torch.zeros(x.shape[0], dtype=torch.long, device=x.device) if group is None

@@ -108,6 +108,25 @@ def test_dflash_hand_value_and_accuracy(normalize):
     assert loss.local_denominator(mask).item() == pytest.approx(den, rel=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [1, 4, 15])
+def test_dflash_accuracy_does_not_depend_on_chunking_when_decay_weights_underflow(chunk):
+    # gamma 0.05: exp(-(k - 1) / gamma) is 0 in float32 from offset 6 on, so whole chunks carry
+    # weight 0; their positions are still scored and must still be counted as hits.
+    g = torch.Generator().manual_seed(0)
+    target = torch.randint(0, VOC, (2, 15), generator=g)
+    logits = torch.randn(2, 15, VOC, generator=g)
+    logits.scatter_(-1, target[..., None], 10.0)  # every position predicts its target
+    mask = torch.ones(2, 15, dtype=torch.long)
+    loss = DFlashDecayLoss(block_size=16, gamma=0.05, chunk_size=chunk)
+    assert bool((loss.weights(15) == 0).any())
+    out = loss(logits=logits, target_ids=target, block_mask=mask)
+    whole = DFlashDecayLoss(block_size=16, gamma=0.05, chunk_size=None)(
+        logits=logits, target_ids=target, block_mask=mask)
+    assert out.extras["draft_correct"].tolist() == [2.0] * 15
+    assert torch.equal(out.extras["draft_correct"], whole.extras["draft_correct"])
+    assert out.total.item() == pytest.approx(whole.total.item(), rel=1e-6)
+
+
 @pytest.mark.parametrize("combo", [(0, 4, 0.5), (0, 0, 0.3), (0, 2, 0.7), (1, 4, 0.1),
                                    (2, 2, 0.1), (3, 1, 0.9), (0, 4, 1.0)])
 def test_scdd_matches_brute_force_posterior_kl(combo):
