@@ -33,10 +33,35 @@ def check_same_shape(name: str, t: object, like: torch.Tensor, like_name: str) -
     return t
 
 
+def check_local(name: str, t: object) -> None:
+    """Reject a ``DTensor`` (tensor-parallel output) with a message that says what to do.
+
+    Why not accept it: the losses are row-chunked custom autograd over plain tensors; with the
+    vocabulary sharded, each log-softmax would need an all-reduce of the max and the sum of
+    exponentials over the tensor-parallel group, which they do not do — torch fails deep
+    inside (``got mixed torch.Tensor and DTensor``) or, for a replicated DTensor, computes on a
+    layout the chunking does not know. Gathering silently would cost the memory tensor
+    parallelism exists to save, so the caller chooses.
+    """
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch build without distributed support has no DTensor
+        return
+    if isinstance(t, DTensor):
+        raise TypeError(
+            f"{name} is a DTensor (placements {tuple(t.placements)}, e.g. vocab-sharded logits "
+            "from tensor parallelism); dlmkit losses take plain local tensors: pass "
+            f"{name}.full_tensor() (gathers the vocabulary on every rank), or let the LM "
+            "head return replicated local logits (ColwiseParallel(output_layouts=Replicate(), "
+            "use_local_output=True))"
+        )
+
+
 def check_logits(name: str, logits: object, target_ids: torch.Tensor) -> torch.Tensor:
-    """Require float logits ``[B, L, V]`` matching ``target_ids [B, L]``."""
+    """Require float logits ``[B, L, V]`` matching ``target_ids [B, L]`` (a plain tensor)."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor [B, L, V], got {type(logits)!r}")
+    check_local(name, logits)
     if logits.dim() != 3 or logits.shape[:2] != target_ids.shape:
         raise ValueError(
             f"{name} must have shape [B, L, V] with [B, L] = {tuple(target_ids.shape)} "

@@ -33,6 +33,7 @@ import torch
 from dlmkit.diffusion._checks import (
     check_denominator,
     check_ids,
+    check_local,
     check_logits,
     check_positive_int,
     check_same_shape,
@@ -240,6 +241,7 @@ class IDLMLoss(torch.nn.Module):
                 num_tokens=None) -> LossOutput:
         """``logits [B, 2L, V]``; ``target_ids``/``loss_mask``/``valid_mask [B, L]``."""
         check_ids("target_ids", target_ids)
+        check_local("logits", logits)
         batch, length = target_ids.shape
         if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or \
                 tuple(logits.shape[:2]) != (batch, 2 * length):

@@ -355,3 +355,28 @@ def test_bad_call_arguments():
     with pytest.raises(ValueError, match="num_tokens"):
         MDLMLoss()(logits=d["logits"], target_ids=d["target"], noise_mask=d["noise"],
                    p_mask=d["p"], loss_mask=d["sup"], num_tokens=-1)
+
+
+def test_vocab_sharded_dtensor_logits_are_rejected_with_a_clear_message(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from dlmkit.diffusion import IDLMLoss, MDLMLoss
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        target = torch.randint(0, VOC, (2, 3))
+        ones = torch.ones(2, 3)
+        sharded = distribute_tensor(torch.randn(2, 3, VOC), mesh, [Shard(2)])
+        with pytest.raises(TypeError, match=r"logits is a DTensor .*full_tensor\(\)"):
+            MDLMLoss(None)(logits=sharded, target_ids=target, noise_mask=ones.bool(),
+                           p_mask=ones, loss_mask=ones)
+        doubled = distribute_tensor(torch.randn(2, 6, VOC), mesh, [Shard(2)])
+        with pytest.raises(TypeError, match=r"logits is a DTensor .*full_tensor\(\)"):
+            IDLMLoss()(logits=doubled, target_ids=target, loss_mask=ones)
+    finally:
+        dist.destroy_process_group()
