@@ -1,51 +1,94 @@
-"""``dlmkit eval``: exact-match accuracy of an exported model on a bundled task."""
+"""``dlmkit eval``: exact-match accuracy of an exported model on a bundled task or on your own
+data file (every assistant turn of every conversation scored; see
+:mod:`dlmkit.generate.evaluation`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_parser(subparsers) -> None:
     from .generate import add_sampler_arguments
 
     parser = subparsers.add_parser(
-        "eval", help="exact-match accuracy on a bundled task",
-        description="Generate a response for each problem of a bundled task split and print "
-                    "exact-match accuracy (last line: `exact_match: NN.N%`). Takes the same "
+        "eval", help="exact-match accuracy on a bundled task or a data file",
+        description="Generate a response for each problem of a bundled task split, or for "
+                    "every assistant turn of a data file (--data), and print exact-match "
+                    "accuracy (last line: `exact_match: NN.N%`). A turn is generated from the "
+                    "conversation before it with the reference answers as history "
+                    "(teacher-forced), or only the last turn with --last-turn. Takes the same "
                     "sampler options as `dlmkit generate`.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--task", help="bundled task (default: the model's training task)")
+    parser.add_argument("--data", action="append", metavar="FILE",
+                        help="test file(s) in a training format (JSONL/JSON/Parquet with "
+                             "prompt/response or messages records; repeat for several)")
+    parser.add_argument("--last-turn", action="store_true",
+                        help="with --data: score only each conversation's last assistant turn")
+    parser.add_argument("--output", metavar="FILE",
+                        help="write one JSON line per scored turn: source, turn, prompt, "
+                             "reference, prediction, correct, forwards")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar on stderr")
     parser.add_argument("--split", default="test", help="train, validation or test")
-    parser.add_argument("-n", type=int, default=200, help="number of problems")
+    parser.add_argument("-n", type=int, default=200, help="number of problems (bundled task)")
     parser.add_argument("--show", type=int, default=0, help="print this many examples")
     add_sampler_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from dlmkit.data import get_task, task_names
-    from dlmkit.generate import evaluate
+    from dlmkit.data import DataError, get_task, load_records, records_from_dicts, task_names
+    from dlmkit.generate.evaluation import (
+        conversation_turns,
+        format_summary,
+        score_turns,
+        summarize,
+    )
 
     from .generate import load_and_configure
 
     if args.n < 1:
         raise SystemExit(f"error: -n must be >= 1, got {args.n}")
+    if args.data and args.task:
+        raise SystemExit("error: give --task or --data, not both")
+    if args.last_turn and not args.data:
+        raise SystemExit("error: --last-turn applies to --data files only")
     loaded, config = load_and_configure(args)
-    name = args.task or loaded.meta.get("task")
-    if not name:
-        raise SystemExit(f"error: --task is required: {args.model} records no training task "
-                         f"(bundled tasks: {', '.join(task_names())})")
+    name = args.task or (None if args.data else loaded.meta.get("task"))
+    if not name and not args.data:
+        raise SystemExit(f"error: {args.model} was trained on data files, not a bundled task: "
+                         "pass a test file in the training format with --data FILE (JSONL, "
+                         "JSON or Parquet records), or a bundled task with --task "
+                         f"({', '.join(task_names())})")
     try:
-        records = get_task(name).records(args.split, args.n)
-        accuracy, rows, totals = evaluate(loaded.model, loaded.tokenizer, records, config,
-                                          batch_size=args.batch_size)
+        if args.data:
+            records = load_records(args.data)
+            source = ", ".join(args.data)
+        else:
+            records = records_from_dicts(get_task(name).records(args.split, args.n),
+                                         f"task:{name}/{args.split}")
+            source = f"task: {name}  split: {args.split}"
+        turns = conversation_turns(records, last_turn_only=args.last_turn)
+        rows, totals = score_turns(loaded.model, loaded.tokenizer, turns, config,
+                                   batch_size=args.batch_size, progress=args.progress)
+    except (DataError, FileNotFoundError) as err:
+        raise SystemExit(f"error: --data {err}") from None
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
     for row in rows[:args.show]:
         mark = "ok " if row["correct"] else "BAD"
-        print(f"{mark} {row['prompt']!r} -> {row['output']!r} (want {row['response']!r})")
-    print(f"task: {name}  split: {args.split}  n: {len(rows)}  sampler: {config.sampler}")
+        last = row["prompt"][-1]["content"] if row["prompt"] else ""
+        print(f"{mark} {last!r} -> {row['prediction']!r} "
+              f"(want {row['reference']!r})")
+    print(f"{source}  n: {len(rows)}  sampler: {config.sampler}")
     print(f"forwards: {totals.forwards}  tokens/forward: {totals.tokens_per_forward:.2f}  "
           f"tokens/s: {totals.tokens_per_second:.1f}")
-    print(f"exact_match: {100.0 * accuracy:.1f}%")
+    for line in format_summary(summarize(rows)):
+        print(line)
     return 0

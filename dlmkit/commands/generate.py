@@ -82,8 +82,8 @@ def add_parser(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", action="append",
                         help="a user message (repeat for a batch)")
-    source.add_argument("--file", help="JSONL: one {\"prompt\": ...} object (or a JSON string) "
-                                       "per line")
+    source.add_argument("--file", help="JSONL: per line a {\"prompt\": ...} object, a "
+                                       "{\"messages\": [...]} conversation or a JSON string")
     parser.add_argument("--infill", metavar="TEMPLATE",
                         help="fill each [MASK] of this response template (mdlm/scdd models)")
     parser.add_argument("--span-length", type=int, default=4,
@@ -93,11 +93,15 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def read_prompts(path: str) -> list[str]:
+def read_prompts(path: str) -> list:
+    """Prompts of a ``--file``: per line a JSON string, ``{"prompt": str}`` or
+    ``{"messages": [{"role", "content"}, ...]}`` (a conversation to continue)."""
+    from dlmkit.data.tokenizer import _check_messages
+
     file = Path(path)
     if not file.is_file():
         raise SystemExit(f"error: --file {path}: no such file")
-    prompts = []
+    prompts: list = []
     for number, line in enumerate(file.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -105,11 +109,19 @@ def read_prompts(path: str) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as err:
             raise SystemExit(f"error: {path}:{number}: not valid JSON ({err})") from None
-        if isinstance(item, dict):
+        if isinstance(item, dict) and "messages" in item:
+            try:
+                item = _check_messages(item["messages"])
+            except (TypeError, ValueError) as err:
+                raise SystemExit(f"error: {path}:{number}: {err}") from None
+            if not item or item[-1]["role"] == "assistant":
+                raise SystemExit(f"error: {path}:{number}: 'messages' must be a non-empty list "
+                                 "ending with a non-assistant turn (the reply is generated)")
+        elif isinstance(item, dict):
             item = item.get("prompt")
-        if not isinstance(item, str):
+        if not isinstance(item, (str, list)):
             raise SystemExit(f"error: {path}:{number}: expected a JSON string or an object with "
-                             "a string 'prompt'")
+                             "a string 'prompt' or a 'messages' list")
         prompts.append(item)
     if not prompts:
         raise SystemExit(f"error: {path}: no prompts")
@@ -120,6 +132,8 @@ def run(args) -> int:
     from dlmkit.generate import GenerationResult, encode_infill, generate, infill
 
     prompts = args.prompt if args.prompt is not None else read_prompts(args.file)
+    if args.infill is not None and not all(isinstance(p, str) for p in prompts):
+        raise SystemExit("error: --infill takes text prompts, not 'messages' conversations")
     loaded, config = load_and_configure(args)
     results: list[GenerationResult] = []
     for at in range(0, len(prompts), args.batch_size):
@@ -140,9 +154,11 @@ def run(args) -> int:
     seconds = sum(r.seconds for r in results)
     for prompt, text in zip(prompts, texts):
         if args.json:
-            print(json.dumps({"prompt": prompt, "output": text}))
+            key = "prompt" if isinstance(prompt, str) else "messages"
+            print(json.dumps({key: prompt, "output": text}))
         else:
-            print(f"> {prompt}\n{text}")
+            shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+            print(f"> {shown}\n{text}")
     print(f"sampler: {config.sampler}  forwards: {forwards}  tokens: {generated}  "
           f"tokens/forward: {generated / max(row_forwards, 1):.2f} (per sequence)  "
           f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=sys.stderr if args.json

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,13 +148,22 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
     return LoadedModel(model, tokenizer, meta, path)
 
 
-def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> list[int]:
-    """A user message rendered with the chat template and the generation prompt, as in
-    training; token ids are passed through unchanged."""
+def encode_prompt(tokenizer, prompt: str | Sequence[Mapping[str, str]] | Sequence[int]
+                  ) -> list[int]:
+    """The prompt as the model saw it in training, ending with the assistant header: a text is
+    one user message, a list of ``{"role", "content"}`` dicts a conversation (its last turn
+    must not be the assistant's: that is what gets generated), both rendered with the chat
+    template and the generation prompt; token ids are passed through unchanged."""
     if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True).input_ids)
-    return [int(t) for t in prompt]
+        prompt = [{"role": "user", "content": prompt}]
+    elif not (isinstance(prompt, Sequence) and prompt
+              and all(isinstance(m, Mapping) for m in prompt)):
+        return [int(t) for t in prompt]
+    if prompt[-1].get("role") == "assistant":
+        raise ValueError("a conversation prompt must not end with an assistant message (the "
+                         "assistant turn is what gets generated); drop it or add a user turn")
+    encoded = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
+    return list(encoded.input_ids)
 
 
 def _strip(tokens: list[int], stop_ids: Sequence[int], mask_id: int) -> tuple[list[int], int]:
@@ -282,24 +291,17 @@ def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
     """Exact match of generated responses against ``records`` (``{"prompt", "response"}``).
 
     Returns ``(accuracy in [0, 1], per-record rows {prompt, response, output, correct},
-    totals as a GenerationResult over all batches)``.
+    totals as a GenerationResult over all batches)``. Conversations (``{"messages"}``
+    records, several turns each) go through :mod:`dlmkit.generate.evaluation`.
     """
-    rows: list[dict] = []
-    forwards = generated = row_forwards = 0
-    seconds = 0.0
-    all_tokens: list[list[int]] = []
-    for at in range(0, len(records), batch_size):
-        chunk = records[at:at + batch_size]
-        result = generate(model, tokenizer, [r["prompt"] for r in chunk], config)
-        forwards += result.forwards
-        generated += result.generated
-        seconds += result.seconds
-        row_forwards += result.row_forwards
-        all_tokens += result.tokens
-        for record, text in zip(chunk, result.texts):
-            rows.append({"prompt": record["prompt"], "response": record["response"],
-                         "output": text, "correct": text.strip() == record["response"].strip()})
+    from dlmkit.data import records_from_dicts
+
+    from .evaluation import conversation_turns, score_turns
+
+    turns = conversation_turns(records_from_dicts(records, "evaluate"))
+    scored, totals = score_turns(model, tokenizer, turns, config, batch_size=batch_size)
+    rows = [{"prompt": record["prompt"], "response": record["response"],
+             "output": row["prediction"], "correct": row["correct"]}
+            for record, row in zip(records, scored)]
     accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
-    totals = GenerationResult(all_tokens, [r["output"] for r in rows], forwards, generated,
-                              seconds, row_forwards)
     return accuracy, rows, totals

@@ -1,0 +1,130 @@
+"""Exact-match evaluation of a model on conversations: every assistant turn is a test case.
+
+A conversation ``[u1, a1, u2, a2]`` gives two cases: ``a1`` generated from ``[u1]`` and ``a2``
+from ``[u1, a1, u2]`` where ``a1`` is the *reference* (teacher-forced history: each turn is
+judged on its own, not on the model's earlier mistakes), or only the last one
+(``last_turn_only``). A prediction is correct when it equals the reference after stripping
+surrounding whitespace. :func:`summarize` reports the per-turn rate, the rate by turn position
+and the per-conversation rate (every scored turn of it correct).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .config import SamplerConfig
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One scored assistant turn.
+
+    Attributes:
+        prompt: the conversation before the turn (``{"role", "content"}`` dicts).
+        reference: the turn's reference content.
+        source: where the conversation came from (``path:line``).
+        conversation: index of the conversation in the input.
+        position: 1-based index of this turn among the conversation's assistant turns.
+    """
+
+    prompt: tuple[Mapping[str, str], ...]
+    reference: str
+    source: str
+    conversation: int
+    position: int
+
+
+def conversation_turns(records: Sequence, *, last_turn_only: bool = False) -> list[Turn]:
+    """The scored turns of ``records`` (:class:`~dlmkit.data.Record` objects)."""
+    turns: list[Turn] = []
+    for index, record in enumerate(records):
+        messages = tuple(record.messages)
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        chosen = list(enumerate(assistant, 1))
+        if last_turn_only:
+            chosen = chosen[-1:]
+        for position, i in chosen:
+            turns.append(Turn(messages[:i], messages[i]["content"], record.source, index,
+                              position))
+    return turns
+
+
+def exact_match(prediction: str, reference: str) -> bool:
+    return prediction.strip() == reference.strip()
+
+
+def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, *,
+                batch_size: int = 32, progress: bool = False):
+    """Generate every turn's response; returns ``(rows, totals)``.
+
+    ``rows[i]`` = ``{"source", "conversation", "turn", "prompt", "reference", "prediction",
+    "correct", "forwards"}`` where ``forwards`` counts the model forwards of the batch that
+    decoded the turn (with ``batch_size=1``: exactly this turn's). ``totals`` is a
+    :class:`~dlmkit.generate.GenerationResult` over all batches. ``progress`` shows a bar
+    over turns on stderr (long runs).
+    """
+    from tqdm import tqdm
+
+    from .api import GenerationResult, generate
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    rows: list[dict] = []
+    tokens: list[list[int]] = []
+    forwards = generated = row_forwards = 0
+    seconds = 0.0
+    bar = tqdm(total=len(turns), desc="eval", unit="turn", file=sys.stderr, dynamic_ncols=True,
+               disable=not progress)
+    for at in range(0, len(turns), batch_size):
+        chunk = turns[at:at + batch_size]
+        result = generate(model, tokenizer, [list(t.prompt) for t in chunk], config)
+        forwards += result.forwards
+        generated += result.generated
+        row_forwards += result.row_forwards
+        seconds += result.seconds
+        tokens += result.tokens
+        for turn, text in zip(chunk, result.texts):
+            rows.append({"source": turn.source, "conversation": turn.conversation,
+                         "turn": turn.position, "prompt": [dict(m) for m in turn.prompt],
+                         "reference": turn.reference, "prediction": text,
+                         "correct": exact_match(text, turn.reference),
+                         "forwards": result.forwards})
+        bar.update(len(chunk))
+    bar.close()
+    totals = GenerationResult(tokens, [r["prediction"] for r in rows], forwards, generated,
+                              seconds, row_forwards)
+    return rows, totals
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """``{"turns", "turns_correct", "by_turn": {position: (correct, total)},
+    "conversations", "conversations_correct"}`` (a conversation is correct when every one of
+    its scored turns is)."""
+    by_turn: dict[int, list[int]] = {}
+    conversations: dict[int, bool] = {}
+    for row in rows:
+        hit = by_turn.setdefault(row["turn"], [0, 0])
+        hit[0] += bool(row["correct"])
+        hit[1] += 1
+        conversations[row["conversation"]] = (conversations.get(row["conversation"], True)
+                                              and bool(row["correct"]))
+    return {"turns": len(rows), "turns_correct": sum(bool(r["correct"]) for r in rows),
+            "by_turn": {k: tuple(v) for k, v in sorted(by_turn.items())},
+            "conversations": len(conversations),
+            "conversations_correct": sum(conversations.values())}
+
+
+def format_summary(summary: dict) -> list[str]:
+    """Summary lines for the terminal; the last is ``exact_match: NN.N%`` (per turn)."""
+    def pct(correct: int, total: int) -> str:
+        return f"{100.0 * correct / max(total, 1):.1f}% ({correct}/{total})"
+
+    lines = [f"turn {k}: {pct(*v)}" for k, v in summary["by_turn"].items()] \
+        if len(summary["by_turn"]) > 1 else []
+    lines.append(f"conversations: {pct(summary['conversations_correct'], summary['conversations'])}"
+                 " with every scored turn exact")
+    lines.append(f"turns: {pct(summary['turns_correct'], summary['turns'])} exact")
+    lines.append(f"exact_match: {100.0 * summary['turns_correct'] / max(summary['turns'], 1):.1f}%")
+    return lines
