@@ -6,8 +6,8 @@ problem, whatever the sizes or seeds asked for; within a split, which problems a
 deterministic function of ``(task, parameters, split, seed)``.
 
 Default parameters and sizes (byte tokenizer, so tokens are bytes; the chat template adds 5
-more, so a whole example is at most 20 tokens). ``records(split)`` returns 8,000 train
-(all 7,984 for addition), 256 validation and 512 test problems by default.
+more, so a whole short-task example is at most 20 tokens). ``records(split)`` returns 8,000
+train (all 7,984 for addition), 256 validation and 512 test problems by default.
 
 =========  ==========================  ======  ========  =========================
 task       example                     prompt  response  problems (train/val/test)
@@ -15,11 +15,17 @@ task       example                     prompt  response  problems (train/val/tes
 addition   ``"47+85="`` -> ``"132"``   4-6     1-3       10,000 (7,984/1,025/991)
 reverse    ``"rev cab"`` -> ``"bac"``  6-9     2-5       37,440 (~80/10/10 %)
 sort       ``"sort 3142"`` -> ``1234``  7-10    2-5       111,100 (~80/10/10 %)
+copy       ``"copy hbad.."`` -> same    37      32        8**32 (~80/10/10 %)
 =========  ==========================  ======  ========  =========================
 
-Responses are at most 8 bytes for every parameter choice the constructors accept, so a
-~1M-parameter model sees short, fixed-format targets. ``reverse`` and ``sort`` are the easiest
-to learn (pure position permutations); ``addition`` needs carries.
+The short tasks' responses are at most 8 bytes for every parameter choice the constructors
+accept, so a ~1M-parameter model sees short, fixed-format targets. ``reverse`` and ``sort`` are
+the easiest to learn (pure position permutations); ``addition`` needs carries.
+
+``copy`` is the **long-answer** task (:data:`LONG_TASKS`): a 32-letter string (lengths
+``min_len..max_len`` up to 64) repeated back, so decoding generates 33+ tokens over several
+blocks. That is what makes parallel commits and KV caches measurable (a 2-6 token answer ends
+before either can matter) while a tiny model still learns it on a CPU in minutes.
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ import functools
 import hashlib
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-__all__ = ["SPLITS", "Addition", "Reverse", "Sort", "SyntheticTask", "get_task", "task_names"]
+__all__ = ["LONG_TASKS", "SPLITS", "Addition", "Copy", "Reverse", "Sort", "SyntheticTask",
+           "get_task", "task_names"]
 
 SPLITS = ("train", "validation", "test")
 # Hash buckets out of 100 per split.
 _SPLIT_BUCKETS = {"train": range(0, 80), "validation": range(80, 90), "test": range(90, 100)}
 DEFAULT_SIZES = {"train": 8000, "validation": 256, "test": 512}
 _ENUMERATE_BELOW = 50_000  # spaces up to this size are enumerated; larger ones are sampled
-MAX_RESPONSE_CHARS = 8
+MAX_RESPONSE_CHARS = 8  # the short tasks
+MAX_LONG_CHARS = 64  # the long-answer task
 
 
 def _bucket(task: str, prompt: str) -> int:
@@ -138,12 +147,13 @@ class Addition(SyntheticTask):
 
 @dataclass(frozen=True)
 class _StringTask(SyntheticTask):
-    """Strings over ``alphabet`` of length ``min_len..max_len`` (``max_len`` <= 8)."""
+    """Strings over ``alphabet`` of length ``min_len..max_len`` (``max_len <= max_chars``)."""
 
     alphabet: str = "abcdefgh"
     min_len: int = 2
     max_len: int = 5
     prefix = ""
+    max_chars: ClassVar[int] = MAX_RESPONSE_CHARS
 
     def __post_init__(self):
         if not isinstance(self.alphabet, str) or len(set(self.alphabet)) != len(self.alphabet):
@@ -154,8 +164,8 @@ class _StringTask(SyntheticTask):
             raise ValueError(
                 f"alphabet must hold at least 2 printable ASCII characters, got {self.alphabet!r}"
             )
-        _check_int("min_len", self.min_len, 1, MAX_RESPONSE_CHARS)
-        _check_int("max_len", self.max_len, self.min_len, MAX_RESPONSE_CHARS)
+        _check_int("min_len", self.min_len, 1, self.max_chars)
+        _check_int("max_len", self.max_len, self.min_len, self.max_chars)
 
     @property
     def space_size(self) -> int:
@@ -205,7 +215,27 @@ class Sort(_StringTask):
         return "".join(sorted(s))
 
 
-_TASKS = {"addition": Addition, "reverse": Reverse, "sort": Sort}
+@dataclass(frozen=True)
+class Copy(_StringTask):
+    """``"copy hbadgcfe..."`` -> ``"hbadgcfe..."``; default 8 letters, length 32 (up to 64).
+
+    The long-answer task: the answer is as long as the input, so every generated token is
+    checkable and exact match needs all of them right.
+    """
+
+    min_len: int = 32
+    max_len: int = 32
+    name: str = field(init=False, default="copy")
+    prefix = "copy"
+    max_chars: ClassVar[int] = MAX_LONG_CHARS
+
+    def solve(self, s: str) -> str:
+        return s
+
+
+_TASKS = {"addition": Addition, "copy": Copy, "reverse": Reverse, "sort": Sort}
+# Tasks whose answers span several decoding blocks (>= 32 generated tokens).
+LONG_TASKS = ("copy",)
 
 
 def task_names() -> list[str]:

@@ -3,11 +3,12 @@ from __future__ import annotations
 import pytest
 
 from dlmkit.data import SPLITS, ByteTokenizer, SFTDataset, get_task, task_names
+from dlmkit.data.tasks import LONG_TASKS
 
 
 def test_task_names_and_unknown_task():
-    assert {"addition", "reverse", "sort"} <= set(task_names())
-    with pytest.raises(ValueError, match=r"\['addition', 'reverse', 'sort'\].*'nope'"):
+    assert {"addition", "copy", "reverse", "sort"} <= set(task_names())
+    with pytest.raises(ValueError, match=r"\['addition', 'copy', 'reverse', 'sort'\].*'nope'"):
         get_task("nope")
     with pytest.raises(ValueError, match="max_digits"):
         get_task("addition", max_digits=0)
@@ -66,8 +67,24 @@ def test_split_size_limits():
 
 def test_task_examples_are_short_with_the_byte_tokenizer():
     tok = ByteTokenizer()
-    for name in task_names():
+    for name in sorted(set(task_names()) - set(LONG_TASKS)):
         ds = SFTDataset.from_task(name, "validation", tok)
         assert int(ds.lengths.max()) <= 20
         for i in range(len(ds)):
             assert int(ds[i]["loss_mask"].sum()) <= 9  # <= 8 response bytes + <|end|>
+
+
+def test_long_copy_task_spans_several_blocks():
+    task = get_task("copy")
+    splits = {s: task.records(s, n=300) for s in SPLITS}
+    prompts = {s: {r["prompt"] for r in recs} for s, recs in splits.items()}
+    assert not prompts["train"] & prompts["test"] and not prompts["validation"] & prompts["test"]
+    for r in splits["test"]:
+        assert r["response"] == r["prompt"].removeprefix("copy ") and len(r["response"]) == 32
+        assert task.split_of(r["prompt"]) == "test"
+    ds = SFTDataset.from_task("copy", "validation", ByteTokenizer(), n=50)
+    assert int(ds.supervised_lengths.min()) == 33  # 32 letters + <|end|>: >= 32 generated
+    ranged = get_task("copy", min_len=40, max_len=48).records("test", n=50)
+    assert {len(r["response"]) for r in ranged} <= set(range(40, 49))
+    with pytest.raises(ValueError, match=r"max_len must be an int in \[32, 64\]"):
+        get_task("copy", max_len=65)
