@@ -352,6 +352,9 @@ class SCDDLoss(torch.nn.Module):
     Needs ``noisy_ids`` (``z_t``) and ``p_mask`` holding ``t`` (as :func:`corrupt_scdd` gives;
     read from column 0 and snapped to the grid ``{1/T, ..., 1}``). The model's distribution
     ``p`` is the softmax over the ``K = V - 1`` non-mask tokens (the MASK logit is excluded).
+    ``V`` is ``vocab_size`` — pass the tokenizer's, the one :func:`corrupt_scdd` drew over:
+    logits beyond it (an embedding table padded past the tokenizer) are ignored, so the loss,
+    the corruption and the sampler share one ``K``. ``None``: ``V = logits.shape[-1]``.
     Per supervised position, with the schedule's ``gamma``, ``rho`` at ``s`` and ``t``:
 
     * ``z_t = MASK``: ``KL(q(z_s | z_t, x) || p_theta(z_s | z_t))`` — the denoising term;
@@ -368,11 +371,13 @@ class SCDDLoss(torch.nn.Module):
 
     def __init__(self, mask_token_id: int, num_timesteps: int = 1000, max_ratio: float = 0.1,
                  gamma_shape: float = 1.0, t_peak: float = 0.5,
-                 chunk_size: int | None = DEFAULT_CHUNK):
+                 chunk_size: int | None = DEFAULT_CHUNK, vocab_size: int | None = None):
         super().__init__()
         if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or \
                 mask_token_id < 0:
             raise ValueError(f"mask_token_id must be an int >= 0, got {mask_token_id!r}")
+        self.vocab_size = None if vocab_size is None else \
+            check_vocab(vocab_size, mask_token_id, minimum=3)
         self.mask_token_id = mask_token_id
         self.num_timesteps = check_positive_int("num_timesteps", num_timesteps, minimum=2)
         check_scdd_params(max_ratio, gamma_shape, t_peak)
@@ -402,7 +407,10 @@ class SCDDLoss(torch.nn.Module):
         """``logits [B, L, V]``; ``target_ids``/``noisy_ids``/``p_mask``/``loss_mask [B, L]``."""
         check_ids("target_ids", target_ids)
         check_logits("logits", logits, target_ids)
-        vocab = logits.shape[-1]
+        columns = logits.shape[-1]
+        vocab = columns if self.vocab_size is None else self.vocab_size
+        if columns < vocab:
+            raise ValueError(f"logits have {columns} columns, fewer than vocab_size {vocab}")
         check_vocab(vocab, self.mask_token_id, minimum=3)
         check_ids("noisy_ids", noisy_ids)
         check_same_shape("noisy_ids", noisy_ids, target_ids, "target_ids")
@@ -430,6 +438,7 @@ def _scdd_token_kl(coef, x, z, mask_id: int, k: int):
     """
 
     def fn(logits: torch.Tensor, rows: slice) -> torch.Tensor:
+        logits = logits[:, :k + 1]  # the columns past the tokenizer's vocabulary are no tokens
         c = {n: v[rows] for n, v in coef.items()}
         xr, zr = x[rows, None], z[rows, None]
         masked_logits = logits.index_fill(-1, torch.tensor([mask_id], device=logits.device),

@@ -223,7 +223,7 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     if isinstance(prompts, str):
         prompts = [prompts]
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
-    runner = Runner(model)
+    runner = Runner(model, vocab_size=tokenizer.vocab_size)
     generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
     ids = {"mask_id": tokenizer.mask_token_id, "pad_id": tokenizer.pad_token_id}
     stop_ids = tuple(tokenizer.stop_token_ids)
@@ -275,7 +275,7 @@ def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
     if cfg.sampler not in ("mdlm", "scdd"):
         raise ValueError(f"infilling needs a bidirectional model (mdlm or scdd), got sampler "
                          f"{cfg.sampler!r}")
-    runner = Runner(model)
+    runner = Runner(model, vocab_size=tokenizer.vocab_size)
     generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
     start = time.perf_counter()
     out = infill_masked(runner, sequences, cfg, mask_id=tokenizer.mask_token_id,

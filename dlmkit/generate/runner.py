@@ -28,9 +28,19 @@ class Runner:
     ``Mask`` is rendered: bool for sdpa, ``BlockMask`` for flex, additive for eager) or any
     module called as ``model(input_ids=, attention_mask=, position_ids=, **kw)`` returning
     logits or an object with ``.logits`` (then the mask is given as a dense bool tensor).
+
+    ``vocab_size``: the tokenizer's vocabulary ``V``; logits are cut to their first ``V``
+    columns. A checkpoint's embedding table is often padded past the tokenizer (Qwen3: 151936
+    rows for 151669 tokens): those ids are never data, so no sampler may propose one, and
+    SCDD's uniform channel runs over the tokenizer's ``K = V - 1`` tokens, as in training.
+    ``None`` keeps every column.
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, vocab_size: int | None = None) -> None:
+        if vocab_size is not None and (isinstance(vocab_size, bool)
+                                       or not isinstance(vocab_size, int) or vocab_size < 2):
+            raise ValueError(f"vocab_size must be None or an int >= 2, got {vocab_size!r}")
+        self.vocab_size = vocab_size
         self.model = model
         self.forwards = 0
         self.row_forwards = 0
@@ -74,6 +84,11 @@ class Runner:
         self.forwards += 1
         self.row_forwards += input_ids.shape[0] if rows is None else int(rows)
         logits = out if isinstance(out, torch.Tensor) else out.logits
+        if self.vocab_size is not None:
+            if logits.shape[-1] < self.vocab_size:
+                raise ValueError(f"the model gives {logits.shape[-1]} logits per token, fewer "
+                                 f"than the tokenizer's vocab_size {self.vocab_size}")
+            logits = logits[..., :self.vocab_size]
         return logits.float()
 
 

@@ -26,7 +26,8 @@ class SCDDStrategy(MDLMStrategy):
         c = self.config
         self.loss_fn = SCDDLoss(self.mask_token_id, num_timesteps=c["num_timesteps"],
                                 max_ratio=c["max_ratio"], gamma_shape=c["gamma_shape"],
-                                t_peak=c["t_peak"], chunk_size=self.loss_chunk_size)
+                                t_peak=c["t_peak"], chunk_size=self.loss_chunk_size,
+                                vocab_size=self.vocab_size)
 
     def prepare(self, batch, generators):
         c = self.config

@@ -380,3 +380,36 @@ def test_vocab_sharded_dtensor_logits_are_rejected_with_a_clear_message(tmp_path
             IDLMLoss()(logits=doubled, target_ids=target, loss_mask=ones)
     finally:
         dist.destroy_process_group()
+
+
+def test_scdd_loss_uses_the_tokenizers_vocabulary_when_the_embedding_table_is_padded():
+    # One K = V - 1 for corruption, loss and sampler: columns past the tokenizer's vocabulary
+    # (a padded embedding table) must not enter the softmax, whatever they hold.
+    from dlmkit.diffusion import corrupt_scdd
+
+    vocab, mask_id = 11, 10
+    g = torch.Generator().manual_seed(0)
+    target = torch.randint(0, mask_id, (3, 8), generator=g)
+    sup = torch.ones(3, 8)
+    noisy, _, t = corrupt_scdd(target, sup, mask_id, vocab, num_timesteps=20, max_ratio=0.3,
+                               generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(3, 8, vocab, generator=g)
+    wide = torch.cat([logits, torch.full((3, 8, 5), 30.0)], -1).requires_grad_(True)
+    kw = dict(target_ids=target, noisy_ids=noisy, p_mask=t, loss_mask=sup)
+    for chunk in (None, 7):
+        loss = SCDDLoss(mask_id, num_timesteps=20, max_ratio=0.3, chunk_size=chunk,
+                        vocab_size=vocab)
+        expected = loss(logits=logits, **kw).total
+        got = loss(logits=wide, **kw).total
+        assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+        (grad,) = torch.autograd.grad(got, wide)
+        assert not grad[..., vocab:].any()
+    with pytest.raises(ValueError, match="fewer than vocab_size 11"):
+        SCDDLoss(mask_id, num_timesteps=20, vocab_size=vocab)(logits=logits[..., :9], **kw)
+
+
+def test_scdd_strategy_gives_its_loss_the_tokenizers_vocabulary():
+    from dlmkit import strategies
+
+    strategy = strategies.get("scdd")({}, mask_token_id=5, vocab_size=8)
+    assert strategy.loss_fn.vocab_size == 8

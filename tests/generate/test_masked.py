@@ -167,3 +167,19 @@ def test_runner_counts_forwards():
     from dlmkit.masks import causal
     runner(torch.zeros(1, 3, dtype=torch.long), causal(3), torch.arange(3)[None])
     assert runner.forwards == 1
+
+
+@pytest.mark.parametrize("sampler", ["scdd", "mdlm"])
+def test_samplers_use_the_tokenizers_vocabulary_when_the_embedding_table_is_padded(sampler):
+    # A checkpoint's embedding table is often larger than the tokenizer; its extra columns are
+    # no tokens. Here they hold the largest logits: a sampler that used them would emit ids
+    # >= V (and SCDD would mix K = V + 5 - 1 into a posterior trained with K = V - 1).
+    def padded(ids, pos):
+        logits = positional_logits()(ids, pos)
+        return torch.cat([logits, torch.full((*ids.shape, 6), 200.0)], -1)
+
+    opts = dict(max_new_tokens=6, steps=3, temperature=1.0)
+    result = run(Rigged(padded), sampler, ["hi", "longer prompt"], **opts)
+    plain = run(Rigged(positional_logits()), sampler, ["hi", "longer prompt"], **opts)
+    assert result.tokens == plain.tokens
+    assert all(t < V for row in result.tokens for t in row)
