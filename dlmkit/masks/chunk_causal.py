@@ -22,11 +22,17 @@ their chunk) cross-attending the main stream. Expert query ``q`` of chunk ``c`` 
   ``window=None`` means unlimited, ``window=0`` no clean frames;
 * NOISED keys of its own chunk (never noised frames of other chunks).
 
-A GLOBAL expert query sees only global keys. A row with nothing visible (no globals, no clean
-frame in the window, no noised frame of its chunk) attends exactly one key instead — the first
-main-stream key of its own chunk (the first key for a global query) — so softmax stays finite;
-such rows carry no information. Every query chunk must occur among the main stream's video
-tokens.
+A GLOBAL expert query sees only global keys. A row can have nothing visible only when the main
+stream has no GLOBAL token (no clean frame in the window, no noised frame of its chunk, or a
+GLOBAL query). Softmax needs at least one key, and any key the rules forbid would pass its
+value through with weight 1 (the old fallback, "the first main-stream key of the chunk", was
+often the clean copy of the query's own chunk). So such a row attends only ``sink``: the index
+of a main-stream key the caller guarantees carries no information (a learned null / register
+token, say). Without a ``sink`` such a layout is a ValueError naming the row — the caller
+adds a GLOBAL token (visible to every query, so no row is empty) or passes ``sink``. An empty
+row whose output is zero is not an option: the eager backend's additive mask would turn it
+into uniform attention over every key, SDPA's bool mask into NaN. Every query chunk must occur
+among the main stream's video tokens.
 
 ``expert_self(q_tags)`` — expert tokens attend expert tokens of the same chunk (block-diagonal).
 
@@ -141,7 +147,7 @@ def _first_by_chunk(chunk: torch.Tensor, values: torch.Tensor, size: int) -> tor
 
 
 def expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None = None, *,
-                 cache: MaskCache | None = CACHE) -> Mask:
+                 sink: int | None = None, cache: MaskCache | None = CACHE) -> Mask:
     """Expert -> main-stream cross-attention mask ``[1, 1, len(q_tags), len(kv_tags)]``.
 
     Args:
@@ -149,16 +155,24 @@ def expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None = Non
         kv_tags: the main stream (globals, clean and noised video tokens).
         window: clean latent frames visible before the query chunk's first frame (inclusive
             lower bound ``first_frame - window``), None = unlimited, must be >= 0.
+        sink: index into ``kv_tags`` of a key that carries no information, attended (alone)
+            by rows with nothing visible; None: such rows are an error (see the module).
         cache: LRU cache keyed by the layout, or None.
     """
     q_tags = _check_tags("q_tags", q_tags)
     kv_tags = _check_tags("kv_tags", kv_tags).to(q_tags.device)
     window = _check_window(window)
-    key = ("expert_cross", q_tags.key(), kv_tags.key(), window)
-    return _build(cache, key, lambda: _expert_cross(q_tags, kv_tags, window))
+    if sink is not None:
+        sink = check_int("sink", sink, minimum=0)
+        if sink >= kv_tags.length:
+            raise ValueError(f"sink must index a key of kv_tags [0, {kv_tags.length}), "
+                             f"got {sink}")
+    key = ("expert_cross", q_tags.key(), kv_tags.key(), window, sink)
+    return _build(cache, key, lambda: _expert_cross(q_tags, kv_tags, window, sink))
 
 
-def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None) -> Mask:
+def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None,
+                  sink: int | None) -> Mask:
     Lq, Lk, device = q_tags.length, kv_tags.length, q_tags.device
     q_kind, q_chunk = q_tags.kind, q_tags.chunk
     k_kind, k_chunk, k_frame = kv_tags.kind, kv_tags.chunk, kv_tags.frame
@@ -166,7 +180,6 @@ def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None) -> 
     q_video = q_kind != KIND_GLOBAL
     size = 1 + max(int(k_chunk.max()), int(q_chunk.max()), 0)
     first_frame = _first_by_chunk(k_chunk[video], k_frame[video], size)
-    first_key = _first_by_chunk(k_chunk[video], video.nonzero().flatten(), size)
     missing = q_video & (first_frame[q_chunk.clamp(min=0).long()] < 0)
     if bool(missing.any()):
         at = int(missing.nonzero()[0])
@@ -188,7 +201,17 @@ def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None) -> 
 
     lo, hi = _run_intervals(base, q_tags, kv_tags)
     empty = (hi <= lo).all(-1)[0]  # rows with nothing visible
-    sink = torch.where(q_video, first_key[q_chunk.clamp(min=0).long()], 0)
+    name = f"expert_cross_{Lq}x{Lk}_w{window}"
+    if not bool(empty.any()):
+        return Mask(base, Lq, Lk, 1, intervals=lambda: (lo, hi), name=name, device=device)
+    if sink is None:
+        at = int(empty.nonzero()[0])
+        kind = {KIND_GLOBAL: "GLOBAL", KIND_CLEAN: "CLEAN", KIND_NOISED: "NOISED"}
+        raise ValueError(
+            f"expert_cross: query {at} ({kind.get(int(q_kind[at]), int(q_kind[at]))}, chunk "
+            f"{int(q_chunk[at])}) may see no key of kv_tags (no GLOBAL token, no clean frame in "
+            f"the window, no noised frame of its chunk); add a GLOBAL token to kv_tags, or pass "
+            f"sink= the index of a key that carries no information (e.g. a null token)")
     fallback = torch.where(empty, sink, -1)
     lo = torch.cat([lo, torch.where(empty, sink, Lk).view(1, Lq, 1)], -1)
     hi = torch.cat([hi, torch.where(empty, sink + 1, Lk).view(1, Lq, 1)], -1)
@@ -196,7 +219,7 @@ def _expert_cross(q_tags: TokenTags, kv_tags: TokenTags, window: int | None) -> 
     def rule(b, q, kv):
         return base(b, q, kv) | ((q < Lq) & (kv == fallback[q.clamp(0, Lq - 1)]))
 
-    name = f"expert_cross_{Lq}x{Lk}_w{window}"
+    name += f"_sink{sink}"
     return Mask(rule, Lq, Lk, 1, intervals=lambda: (lo, hi), name=name, device=device)
 
 

@@ -91,7 +91,7 @@ def chunk_causal_ref(kind, chunk):
     return allowed
 
 
-def expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window=None):
+def expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window=None, sink=None):
     def first(c):
         return min(frame[i] for i in range(len(kind)) if kind[i] != GLOBAL and chunk[i] == c)
 
@@ -110,10 +110,7 @@ def expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window=None):
             return True
         if any(base(q, j) for j in range(len(kind))):
             return False
-        if q_kind[q] == GLOBAL:
-            return k == 0
-        return k == min(i for i in range(len(kind))
-                        if kind[i] != GLOBAL and chunk[i] == q_chunk[q])
+        return k == sink  # a row with nothing visible attends only the declared sink
 
     return allowed
 

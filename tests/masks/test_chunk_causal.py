@@ -59,8 +59,15 @@ def test_expert_cross_matches_reference_and_torch(kv, data):
     q_chunk = [data.draw(st.sampled_from(present)) if k != KIND_GLOBAL else -1 for k in q_kind]
     q = TokenTags(torch.tensor(q_kind), torch.tensor(q_chunk), torch.zeros(n, dtype=torch.int))
     window = data.draw(st.one_of(st.none(), st.integers(0, 4)))
-    mask = expert_cross(q, kv, window, cache=None)
-    rule = expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window)
+    sink = data.draw(st.integers(0, kv.length - 1))
+    rule = expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window, sink)
+    unsunk = expert_cross_ref(q_kind, q_chunk, kind, chunk, frame, window)
+    nothing = [r for r in range(n) if not any(unsunk(0, r, k)
+        for k in range(kv.length))]
+    if nothing:
+        with pytest.raises(ValueError, match=f"query {nothing[0]} .* may see no key"):
+            expert_cross(q, kv, window, cache=None)
+    mask = expert_cross(q, kv, window, sink=sink, cache=None)
     full_check(mask, grid(1, n, kv.length, rule),
                block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))
 
@@ -117,12 +124,30 @@ def test_window_is_measured_from_the_query_chunks_first_frame_inclusive():
             assert dense[q, kind == KIND_GLOBAL].all()
 
 
-def test_row_with_nothing_visible_keeps_one_key():
-    main = window_tags([Slot(KIND_CLEAN, 4, 2)], chunk_size=2)  # no globals, no noised
-    expert = window_tags([Slot(KIND_NOISED, 4, 1)], chunk_size=2)
-    dense = expert_cross(expert, main, 0, cache=None).dense()[0, 0]
-    assert dense.sum(-1).tolist() == [1, 1, 1, 1]
-    assert dense[0, 0] and dense[2, 4]  # the first key of the query's own chunk
+def test_rows_with_nothing_visible_attend_only_the_declared_sink():
+    # Two clean chunks (frames 0-3) then a noised chunk (frames 4-5); no global token. A
+    # noised query of chunk 0 and a global query may see nothing: the old fallback gave them
+    # the clean copy of frame 0 (chunk 0's own clean frame) with weight 1.
+    kv = window_tags([Slot(KIND_CLEAN, 4, 1), Slot(KIND_NOISED, 2, 1, first_frame=4)],
+                     chunk_size=2)
+    q = TokenTags(torch.tensor([KIND_NOISED, KIND_GLOBAL, KIND_NOISED]),
+                  torch.tensor([0, 0, 2]), torch.tensor([0, 0, 4]))
+    with pytest.raises(ValueError, match=r"query 0 \(NOISED, chunk 0\) may see no key.*sink="):
+        expert_cross(q, kv, cache=None)
+    mask = expert_cross(q, kv, sink=5, cache=None)  # say key 5 is an information-free token
+    dense = mask.dense()[0, 0]
+    assert dense[0].nonzero().flatten().tolist() == [5]
+    assert dense[1].nonzero().flatten().tolist() == [5]
+    assert dense[2].nonzero().flatten().tolist() == [0, 1, 2, 3, 4, 5]  # rules unchanged
+    assert not dense[:2, 0].any()  # no leak of the forbidden clean frame
+    assert torch.isfinite(torch.softmax(mask.additive(torch.float32)[0, 0], -1)).all()
+    with pytest.raises(ValueError, match="sink must index a key of kv_tags"):
+        expert_cross(q, kv, sink=6, cache=None)
+    # With a GLOBAL token no row is empty, so no sink is needed and none is used.
+    main = window_tags([Slot(KIND_GLOBAL, 1, 1), Slot(KIND_CLEAN, 4, 1),
+                        Slot(KIND_NOISED, 2, 1, first_frame=4)], chunk_size=2)
+    dense = expert_cross(q, main, cache=None).dense()[0, 0]
+    assert dense[:2].nonzero().tolist() == [[0, 0], [1, 0]]
 
 
 def test_flex_forward_equals_sdpa():
