@@ -424,7 +424,7 @@ class SCDDLoss(torch.nn.Module):
         fn = _scdd_token_kl(per_token, target_ids.reshape(-1), noisy_ids.reshape(-1),
                             self.mask_token_id, k)
         coef = sup * (self.num_timesteps / _denominator(num_tokens, sup.sum()))
-        out, _ = weighted_token_loss(fn, logits.reshape(target_ids.numel(), vocab), coef,
+        out, _ = weighted_token_loss(fn, logits.reshape(target_ids.numel(), columns), coef,
                                      chunk_size=self.chunk_size)
         loss = out[0]
         return LossOutput(loss, loss.detach(), {})
