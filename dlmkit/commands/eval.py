@@ -24,6 +24,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--data", action="append", metavar="FILE",
                         help="test file(s) in a training format (JSONL/JSON/Parquet with "
                              "prompt/response or messages records; repeat for several)")
+    parser.add_argument("--field", action="append", metavar="FIELD=NAME", default=[],
+                        help="with --data: the data's name for a format field, e.g. "
+                             "prompt=question (default: the model's training data.fields)")
     parser.add_argument("--last-turn", action="store_true",
                         help="with --data: score only each conversation's last assistant turn")
     parser.add_argument("--output", metavar="FILE",
@@ -36,6 +39,20 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--show", type=int, default=0, help="print this many examples")
     add_sampler_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def field_mapping(items: list[str], meta: dict) -> dict:
+    """``--field FIELD=NAME`` flags as a mapping; none given: the training run's fields."""
+    if not items:
+        return meta.get("fields") or {}
+    mapping = {}
+    for item in items:
+        field, sep, name = item.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --field expects FIELD=NAME (e.g. prompt=question), "
+                             f"got {item!r}")
+        mapping[field] = name
+    return mapping
 
 
 def run(args) -> int:
@@ -64,7 +81,7 @@ def run(args) -> int:
                          f"({', '.join(task_names())})")
     try:
         if args.data:
-            records = load_records(args.data)
+            records = load_records(args.data, field_mapping(args.field, loaded.meta))
             source = ", ".join(args.data)
         else:
             records = records_from_dicts(get_task(name).records(args.split, args.n),

@@ -73,10 +73,12 @@ class SFTDataset(torch.utils.data.Dataset):
 
     @classmethod
     def from_files(
-        cls, paths: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Tokenizer
+        cls, paths: str | os.PathLike | Sequence[str | os.PathLike], tokenizer: Tokenizer,
+        fields: Mapping[str, str] | None = None,
     ) -> SFTDataset:
-        """Load ``.jsonl`` / ``.json`` / ``.parquet`` files (see :func:`load_records`)."""
-        return cls(load_records(paths), tokenizer)
+        """Load data files or saved datasets (see :func:`load_records`; ``fields`` maps
+        format fields to the data's own names)."""
+        return cls(load_records(paths, fields), tokenizer)
 
     @classmethod
     def from_task(

@@ -19,7 +19,8 @@ DEFAULTS: dict = {
     "data": {
         "task": "reverse",        # a bundled task, or null with train_files
         "task_options": {},
-        "train_files": [],        # JSONL / JSON / Parquet SFT records
+        "train_files": [],        # JSONL / JSON / Parquet / CSV files or saved HF datasets
+        "fields": {},             # format field -> your name, e.g. {prompt: question}
         "validation_files": [],
         "num_train": 20000,       # samples drawn from the bundled task
         "num_validation": 256,
@@ -90,7 +91,7 @@ def _yaml(text: str):
 
 # Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
 # task's parameters): merged key by key, not checked against the defaults.
-OPEN_KEYS = ("strategy", "model.config", "data.task_options")
+OPEN_KEYS = ("strategy", "model.config", "data.task_options", "data.fields")
 
 
 def _merge(base: dict, update: dict, path: str = "") -> dict:
@@ -190,6 +191,12 @@ def validate(config: dict) -> dict:
     need(isinstance(d["train_files"], list) and isinstance(d["validation_files"], list),
          "data.train_files and data.validation_files must be lists of paths, got "
          f"{d['train_files']!r} and {d['validation_files']!r}")
+    from dlmkit.data.records import check_fields
+
+    try:
+        check_fields(d["fields"], "data.fields")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     need(d["task"] is not None or d["train_files"],
          "data: give a bundled data.task or data.train_files")
     for key in ("num_train", "num_validation", "max_seq_len"):

@@ -39,8 +39,8 @@ from .metrics import MetricsLog, plot_loss_curve
 def build_datasets(config: dict, tokenizer):
     d = config["data"]
     if d["train_files"]:
-        train = SFTDataset.from_files(d["train_files"], tokenizer)
-        val = SFTDataset.from_files(d["validation_files"], tokenizer) \
+        train = SFTDataset.from_files(d["train_files"], tokenizer, d["fields"])
+        val = SFTDataset.from_files(d["validation_files"], tokenizer, d["fields"]) \
             if d["validation_files"] else None
     else:
         opts = d["task_options"] or {}
@@ -215,6 +215,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "strategy": strategy.name,
             "block_size": strategy.config.get("block_size"),
             "task": config["data"]["task"] if not config["data"]["train_files"] else None,
+            "fields": config["data"]["fields"] or None,  # `dlmkit eval --data` reads it
             "mask_token_id": tokenizer.mask_token_id,
             "options": strategy.config,
             "max_seq_len": config["data"]["max_seq_len"],

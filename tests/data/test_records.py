@@ -109,9 +109,10 @@ def test_empty_dataset_is_an_error(tmp_path):
 def test_missing_file_bad_extension_and_no_paths(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_records(tmp_path / "nope.jsonl")
-    (tmp_path / "d.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match=r"'.csv'.*\['.jsonl', '.json', '.parquet'\]"):
-        load_records(tmp_path / "d.csv")
+    (tmp_path / "d.txt").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"'.txt'.*\['.jsonl', '.json', '.parquet', '.csv', "
+                                         r"'.tsv', '.arrow'\] or a saved Hugging Face dataset"):
+        load_records(tmp_path / "d.txt")
     with pytest.raises(ValueError, match="at least one"):
         load_records([])
 

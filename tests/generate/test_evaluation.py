@@ -121,6 +121,21 @@ def test_eval_data_command(files_model, data_file, tmp_path, capsys):
         [1, 1, 2, 3]
 
 
+def test_eval_data_field_mapping(files_model, tmp_path, capsys):
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
+    out_file = tmp_path / "p.jsonl"
+    assert main(["eval", "--model", str(files_model), "--data", str(data), "--field",
+                 "prompt=question", "--field", "response=answer", "--output", str(out_file),
+                 "--no-progress"]) == 0
+    assert [r["reference"] for r in map(json.loads, out_file.read_text().splitlines())] == \
+        ["b", "d"]
+    with pytest.raises(SystemExit, match="unknown record shape"):
+        main(["eval", "--model", str(files_model), "--data", str(data), "--no-progress"])
+    with pytest.raises(SystemExit, match="--field expects FIELD=NAME"):
+        main(["eval", "--model", str(files_model), "--data", str(data), "--field", "prompt"])
+
+
 def test_eval_without_task_or_data_says_how(files_model, tmp_path, capsys):
     with pytest.raises(SystemExit, match="pass a test file in the training format with --data"):
         main(["eval", "--model", str(files_model)])
