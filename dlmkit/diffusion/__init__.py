@@ -22,6 +22,7 @@ from dlmkit.diffusion.losses import (
     MDLMLoss,
     SCDDLoss,
     encoder_ar_loss,
+    next_token_loss,
 )
 from dlmkit.diffusion.schedules import SCDDMasses, scdd_schedule
 
@@ -41,6 +42,7 @@ __all__ = [
     "corrupt_uniform",
     "corrupt_uniform_random",
     "encoder_ar_loss",
+    "next_token_loss",
     "scdd_schedule",
     "weighted_token_loss",
 ]

@@ -162,13 +162,25 @@ class HybridLoss(torch.nn.Module):
         if causal_logits is None:
             ar = diffusion.new_zeros(())
         else:
-            check_logits("causal_logits", causal_logits, target_ids)
-            targets, ar_scored = _shifted(target_ids, sup)
-            ar_den = _denominator(num_ar_tokens, ar_scored.sum())
-            ar = _weighted_ce(causal_logits, targets, ar_scored / ar_den, self.chunk_size)[0]
+            ar = next_token_loss(causal_logits, target_ids, sup, num_tokens=num_ar_tokens,
+                                 chunk_size=self.chunk_size)
         weighted = self.alpha * diffusion
         return LossOutput(weighted + ar, weighted.detach(),
                           {"diffusion": diffusion.detach(), "ar": ar.detach()})
+
+
+def next_token_loss(logits, target_ids, loss_mask, *, num_tokens=None,
+                    chunk_size: int | None = DEFAULT_CHUNK) -> torch.Tensor:
+    """Autoregressive SFT CE (scalar): ``logits [B, L, V]`` at ``i`` predict
+    ``target_ids[:, i + 1]``, scored when that token is supervised (``loss_mask [B, L]``);
+    ``/ num_tokens`` (global pair count), local default ``sum(loss_mask[:, 1:])``, the pairs
+    it scores."""
+    check_ids("target_ids", target_ids)
+    check_logits("logits", logits, target_ids)
+    check_denominator("num_tokens", num_tokens)
+    targets, scored = _shifted(target_ids, _mask("loss_mask", loss_mask, target_ids))
+    return _weighted_ce(logits, targets, scored / _denominator(num_tokens, scored.sum()),
+                        _check_chunk(chunk_size))[0]
 
 
 class BlockDiffusionLoss(torch.nn.Module):

@@ -17,6 +17,7 @@ import torch
 
 from .checks import check_int, check_positive_int
 from .core import Mask
+from .padding import self_attention_mask
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -52,6 +53,23 @@ def causal(q_len: int, kv_len: int | None = None, offset: int = 0, *,
 
     return Mask(rule, q_len, kv_len, 1, intervals=intervals,
                 name=f"causal_{q_len}x{kv_len}_{shift}", device=device)
+
+
+def padded_causal(seq_len: int, valid=None, *, device=None) -> Mask:
+    """Causal self-attention over the real tokens of each row (autoregressive SFT): ``kv <= q``
+    with padding per :mod:`dlmkit.masks.padding` (padded keys blocked, every row keeps its
+    diagonal), ``[batch or 1, 1, seq_len, seq_len]``."""
+    seq_len = check_positive_int("seq_len", seq_len)
+
+    def rule(b, q, kv):
+        return kv <= q
+
+    def intervals():
+        q = torch.arange(seq_len, device=device).view(1, seq_len, 1)
+        return torch.zeros_like(q), q + 1
+
+    return self_attention_mask(f"padded_causal_{seq_len}", rule, intervals, seq_len, 1, valid,
+                               device)
 
 
 EXAMPLES = {

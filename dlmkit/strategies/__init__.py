@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .ar import ARStrategy
 from .base import Strategy
 from .bd3lm import BD3LMStrategy
 from .hybrid import HybridStrategy
@@ -11,7 +12,7 @@ from .scdd import SCDDStrategy
 
 _REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (MDLMStrategy, SCDDStrategy, HybridStrategy, IDLMStrategy,
-                              BD3LMStrategy)
+                              BD3LMStrategy, ARStrategy)
 }
 
 

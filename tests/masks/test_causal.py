@@ -1,4 +1,5 @@
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask
@@ -63,3 +64,20 @@ def test_bad_input():
         causal(8, 4, align="bottom_right")
     with pytest.raises(TypeError, match="offset"):
         causal(4, offset=0.5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), seq_len=st.integers(1, 14), batch=st.integers(1, 3))
+def test_padded_causal_matches_reference(data, seq_len, batch):
+    """Autoregressive SFT mask: causal over the real tokens, every row keeps its diagonal."""
+    from dlmkit.masks.causal import padded_causal
+
+    valid = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 1), min_size=seq_len,
+                                                     max_size=seq_len),
+                                            min_size=batch, max_size=batch)))
+    q = torch.arange(seq_len).view(1, -1, 1)
+    k = torch.arange(seq_len).view(1, 1, -1)
+    real = valid.bool()
+    expected = ((k <= q) & real[:, :, None] & real[:, None, :]) | (q == k)
+    full_check(padded_causal(seq_len, valid), expected,
+               block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))

@@ -14,6 +14,7 @@ from dlmkit.data import Collator, SFTDataset, load_tokenizer
 from dlmkit.data.seeds import sample_generators
 from dlmkit.masks import block_diffusion, idlm
 from dlmkit.masks.bidirectional import bidirectional
+from dlmkit.masks.causal import padded_causal
 from dlmkit.masks.hybrid import hybrid
 from dlmkit.models import build_model
 
@@ -56,6 +57,9 @@ def test_corruption_only_at_supervised_positions(tokenizer, name):
     ids, sup = batch["input_ids"], batch["loss_mask"] != 0
     noisy = p["input_ids"][:, :L]
     changed = noisy != ids
+    if name == "ar":  # autoregressive SFT: the model sees the clean tokens
+        assert not changed.any() and torch.equal(p["target_ids"], ids)
+        return
     assert not changed[~sup].any(), "a position outside the loss mask was corrupted"
     assert changed.any(), "nothing was corrupted"
     assert torch.equal(p["target_ids"], ids)
@@ -82,6 +86,9 @@ def test_layout_positions_and_mask(tokenizer, name):
         assert torch.equal(p["input_ids"][:, L:], ids), "clean half must be x_0"
         assert torch.equal(p["position_ids"], torch.cat([pos, pos], 1))
         expected = TWO_STREAM[name](L, BLOCK, valid)
+    elif name == "ar":
+        assert torch.equal(p["input_ids"], ids) and torch.equal(p["position_ids"], pos)
+        expected = padded_causal(L, valid)
     else:
         assert p["input_ids"].shape == ids.shape
         assert torch.equal(p["position_ids"], pos)
@@ -108,12 +115,17 @@ def test_counts_are_hand_computed_denominators(tokenizer, name):
         assert counts == {"num_tokens": masked, "num_ar_tokens": int(sup[:, 1:].sum())}
     elif name == "idlm":
         assert counts == {"num_tokens": int((sup & valid)[:, 1:].sum())}
+    elif name == "ar":
+        # next-token pairs: supervised tokens with a predecessor in their row
+        assert counts == {"num_tokens": int(sup[:, 1:].sum())}
+    else:
+        raise AssertionError(f"no hand-computed denominators for strategy {name!r}")
 
 
 @pytest.mark.parametrize("name", strategies.names())
 def test_noise_depends_on_seed_step_and_sample_only(tokenizer, name):
-    if name == "idlm":
-        pytest.skip("idlm masks every supervised token (no randomness)")
+    if name in ("idlm", "ar"):
+        pytest.skip(f"{name} draws no random numbers (all-masked / clean input)")
     batch = make_batch(tokenizer, name)
     s = make_strategy(tokenizer, name)
     a, b, c = prepare(s, batch, 0), prepare(s, batch, 0), prepare(s, batch, 1)
