@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -31,8 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    args.argv = argv  # for messages that repeat the command (e.g. how to resume)
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe must fail here, inside the handler below
+        return code
+    except BrokenPipeError:
+        # The reader went away (`dlmkit train --print-config | head`): not an error of ours.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by the pipe
 
 
 if __name__ == "__main__":

@@ -4,12 +4,11 @@ data file (every assistant turn of every conversation scored; see
 
 from __future__ import annotations
 
-import argparse
 import json
 
 
 def add_parser(subparsers) -> None:
-    from .generate import add_sampler_arguments
+    from .generate import DefaultsHelpFormatter, add_sampler_arguments
 
     parser = subparsers.add_parser(
         "eval", help="exact-match accuracy on a bundled task or a data file",
@@ -19,7 +18,7 @@ def add_parser(subparsers) -> None:
                     "conversation before it with the reference answers as history "
                     "(teacher-forced), or only the last turn with --last-turn. Takes the same "
                     "sampler options as `dlmkit generate`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--task", help="bundled task (default: the model's training task)")
     parser.add_argument("--data", action="append", metavar="FILE",
                         help="test file(s) in a training format (JSONL/JSON/Parquet with "

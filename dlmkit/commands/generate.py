@@ -30,23 +30,69 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                            "an option the sampler does not use is an error.")
     group.add_argument("--sampler", choices=SAMPLERS,
                        help="decoder (default: the model's training strategy)")
-    group.add_argument("--max-new-tokens", type=int, help="most tokens per response (32)")
+    group.add_argument("--max-new-tokens", type=int,
+                       help="most tokens per response (default: max_new_tokens of the model's "
+                            "dlmkit.json, the longest training response rounded up to the "
+                            "block; 32 without one)")
     group.add_argument("--steps", type=int,
-                       help="denoising steps for max-new-tokens tokens (= max-new-tokens)")
+                       help="denoising steps for max-new-tokens tokens (default: "
+                            "max-new-tokens, one token per step)")
     group.add_argument("--block-size", type=int,
-                       help="mdlm: semi-AR block (must divide max-new-tokens); bd3lm/hybrid: the "
-                            "trained block; idlm: stride (default: trained block size)")
-    group.add_argument("--temperature", type=float, help="0 = greedy (default)")
-    group.add_argument("--remasking", choices=REMASKING, help="commit order (low_confidence)")
+                       help="bd3lm/hybrid: must be the trained block (default: block_size of "
+                            "dlmkit.json); idlm: stride (default: the trained block); mdlm: "
+                            "semi-AR block, must divide max-new-tokens (default: "
+                            "max-new-tokens)")
+    group.add_argument("--temperature", type=float, help="0 = greedy (default: 0)")
+    group.add_argument("--remasking", choices=REMASKING,
+                       help="commit order (default: low_confidence)")
     group.add_argument("--threshold", type=float,
                        help="confidence-threshold parallel decoding, in (0, 1]")
     group.add_argument("--cache", dest="use_cache", action="store_true", default=None,
                        help="KV cache (exact for bd3lm/hybrid; approximate prefix cache for mdlm)")
     group.add_argument("--mode", choices=("diffusion", "ar"), help="hybrid: decoding mode")
-    group.add_argument("--seed", type=int, help="sampler seed (0)")
+    group.add_argument("--seed", type=int, help="sampler seed (default: 0)")
     group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--gamma-shape", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--t-peak", type=float, help="scdd schedule (default: as trained)")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` only where a value has a fixed default: the sampler options
+    default to the model's dlmkit.json (their help says so), not to ``None``."""
+
+    def _get_help_string(self, action):
+        # Flags (nargs 0) have no value to show: "--no-progress (default: True)" misleads.
+        if action.default is None or action.nargs == 0 or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+# Samplers that decode in the fixed blocks the model was trained on (its block mask): another
+# --block-size would feed it a layout it never saw.
+TRAINED_BLOCK_SAMPLERS = ("bd3lm", "hybrid")
+
+
+def _check_exported(args) -> None:
+    """Before loading: without dlmkit.json the sampler cannot default to the training one."""
+    model = Path(args.model)
+    if args.sampler is None and model.is_dir() and not (model / "dlmkit.json").is_file():
+        raise SystemExit(
+            f"error: --model {model} has no dlmkit.json, so it is not a model exported by "
+            "`dlmkit train` (RUN/final) and the sampler to decode it with is unknown; pass "
+            "--sampler: ar for a plain causal LM, or mdlm, scdd, bd3lm, hybrid or idlm for a "
+            "diffusion model trained that way (bd3lm/hybrid also need --block-size, its "
+            "trained block)")
+
+
+def _check_block_size(args, loaded, config) -> None:
+    trained = loaded.meta.get("block_size")
+    if (args.block_size is not None and trained and args.block_size != trained
+            and config.sampler in TRAINED_BLOCK_SAMPLERS and config.mode == "diffusion"):
+        raise SystemExit(
+            f"error: --block-size {args.block_size} differs from the block size the model was "
+            f"trained with ({trained}, in {Path(args.model) / 'dlmkit.json'}): {config.sampler} "
+            f"decodes block by block under the block mask it was trained on, and this model has "
+            f"only seen blocks of {trained}; omit --block-size")
 
 
 def sampler_options(args) -> dict:
@@ -62,11 +108,13 @@ def load_and_configure(args, **extra):
 
     if args.batch_size < 1:
         raise SystemExit(f"error: --batch-size must be >= 1, got {args.batch_size}")
+    _check_exported(args)
     try:
         loaded = load(args.model, device=args.device, attention=args.attention)
         config = loaded.config(args.sampler, **sampler_options(args), **extra)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    _check_block_size(args, loaded, config)
     return loaded, config
 
 

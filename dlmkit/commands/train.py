@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 EPILOG = """examples:
   dlmkit train                      # embedded default: tiny Llama, BD3-LM, 'reverse', CPU
@@ -27,17 +28,70 @@ def add_parser(subparsers) -> None:
                         metavar="KEY.SUB=VALUE", help="override a config value (YAML syntax)")
     parser.add_argument("--output-dir",
                         help="run directory (default: runs/<strategy>-<task>-<time>)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --output-dir")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true",
+                          help="continue the run in --output-dir from its newest complete "
+                               "checkpoint, with the config it was trained with; --set may "
+                               "change only train.steps (to extend it), the log/validation/"
+                               "save intervals, threads, progress and device")
+    existing.add_argument("--overwrite", action="store_true",
+                          help="replace an existing run in --output-dir (deletes it first); "
+                               "without it a non-empty --output-dir is an error")
+    parser.add_argument("--allow-config-change", action="store_true",
+                        help="with --resume: apply other config changes too (recorded in "
+                             "RUN/config_changes.jsonl)")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config and exit")
+                        help="print the resolved config (with the strategy's options) and "
+                             "every strategy's options with their defaults, then exit")
     parser.set_defaults(func=run_train)
 
 
-def run_train(args) -> int:
-    import yaml
+def print_config(config: dict) -> None:
+    """The resolved config, the chosen strategy's options filled in (so the output loads as a
+    config), then every strategy's options and defaults as comments. The strategy is built
+    with the real tokenizer, so a bad strategy option is an error here as in training."""
+    from dlmkit import strategies
+    from dlmkit.data import load_tokenizer
+    from dlmkit.train.config import dump_yaml
 
+    d = config["data"]
+    cls = strategies.get(config["strategy"]["name"])
+    tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
+    options = {k: v for k, v in config["strategy"].items() if k != "name"}
+    strategy = cls(options, mask_token_id=tokenizer.mask_token_id,
+                   vocab_size=tokenizer.vocab_size,
+                   loss_chunk_size=config["train"]["loss_chunk_size"])
+    shown = dict(config, strategy={"name": cls.name, **strategy.config})
+    lines = [dump_yaml(shown).rstrip("\n"), "",
+             "# Every strategy's options (strategy.<option>) and their defaults:"]
+    for name in strategies.names():
+        defaults = strategies.get(name).options
+        listed = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "(no options)"
+        lines.append(f"#   {name}: {listed}")
+    print("\n".join(lines))
+
+
+def _interrupted_message(err, args) -> str:
+    """Two lines: where the run stopped, and the command that continues it."""
+    import shlex
+
+    if err.step is None or err.run_dir is None:
+        return "interrupted before training started; nothing was trained"
+    if err.checkpoint is not None:
+        saved = f"the last checkpoint is {err.checkpoint}"
+        again = f"resume with: dlmkit train --output-dir {shlex.quote(str(err.run_dir))} --resume"
+    else:
+        saved = "no checkpoint was written yet (see train.save_every)"
+        argv = [a for a in (args.argv or []) if a not in ("--overwrite", "--resume")]
+        again = "start again with: dlmkit " + shlex.join([*argv, "--overwrite"])
+    return f"interrupted at step {err.step}; {saved}\n{again}"
+
+
+def run_train(args) -> int:
     from dlmkit.train import ConfigError, load_config, run
+    from dlmkit.train.checkpoint import CheckpointError
+    from dlmkit.train.config import explicit_keys
+    from dlmkit.train.recipe import TrainingInterrupted
 
     overrides = list(args.overrides)
     if args.output_dir:
@@ -46,13 +100,17 @@ def run_train(args) -> int:
         config = load_config(args.config, overrides)
         if args.resume and not config["output_dir"]:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
-    except ConfigError as err:
-        raise SystemExit(f"error: {err}") from None
-    if args.print_config:
-        print(yaml.safe_dump(config, sort_keys=False))
-        return 0
-    try:
-        run(config, resume=args.resume)
-    except (ValueError, FileNotFoundError) as err:
+        if args.allow_config_change and not args.resume:
+            raise ConfigError("--allow-config-change applies to --resume only")
+        if args.print_config:
+            print_config(config)
+            return 0
+        run(config, resume=args.resume, overwrite=args.overwrite,
+            explicit=explicit_keys(args.config, overrides),
+            allow_config_change=args.allow_config_change)
+    except TrainingInterrupted as err:
+        print(_interrupted_message(err, args), file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, CheckpointError) as err:
         raise SystemExit(f"error: {err}") from None
     return 0

@@ -115,6 +115,34 @@ class SFTDataset(torch.utils.data.Dataset):
                             self._mask.long().cumsum(0)])
         return totals[self._offsets[1:]] - totals[self._offsets[:-1]]
 
+    def supervised_within(self, cap: int) -> torch.Tensor:
+        """Supervised tokens among the first ``cap`` of every example, ``LongTensor [N]``
+        (what a length cap of ``cap`` keeps)."""
+        totals = torch.cat([self._mask.new_zeros(1, dtype=torch.long),
+                            self._mask.long().cumsum(0)])
+        starts = self._offsets[:-1]
+        ends = torch.minimum(self._offsets[1:], starts + cap)
+        return totals[ends] - totals[starts]
+
+    def subset(self, indices: Sequence[int]) -> SFTDataset:
+        """A dataset of the examples at ``indices`` (in that order), renumbered from 0."""
+        index = torch.as_tensor(list(indices), dtype=torch.long)
+        if index.numel() == 0:
+            raise DataError(self.sources[0] if self.sources else "records",
+                            "the dataset is empty (no records left)")
+        out = SFTDataset.__new__(SFTDataset)
+        out.tokenizer = self.tokenizer
+        out.sources = [self.sources[i] for i in index.tolist()]
+        starts, lengths = self._offsets[index], self.lengths[index]
+        # Flat positions of the kept examples: for each, its start plus 0 .. length - 1.
+        owner = torch.repeat_interleave(torch.arange(index.numel()), lengths)
+        within = torch.arange(int(lengths.sum())) - (lengths.cumsum(0) - lengths)[owner]
+        flat = starts[owner] + within
+        out._ids = self._ids[flat]
+        out._mask = self._mask[flat]
+        out._offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        return out
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = len(self)
         if isinstance(index, torch.Tensor):

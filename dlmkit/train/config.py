@@ -31,6 +31,10 @@ DEFAULTS: dict = {
         "max_seq_len": 128,
         "supervise_padding": False,
         "pack": False,
+        # A record longer than max_seq_len is cut. error: a record left with no supervised
+        # token is an error; drop: records longer than the cap are left out; truncate: every
+        # record is cut and kept (see dlmkit.train.truncation). Counts are reported either way.
+        "truncation": "error",
     },
     "model": {
         "name": None,             # preset name or local model directory (None = the
@@ -67,6 +71,9 @@ DEFAULTS: dict = {
 }
 
 
+TRUNCATION_POLICIES = ("error", "drop", "truncate")
+
+
 class ConfigError(ValueError):
     pass
 
@@ -88,6 +95,12 @@ _Loader.add_implicit_resolver(
 def _yaml(text: str):
     return yaml.load(text, Loader=_Loader)
 
+
+# Keys a resumed run may change: they do not alter what is trained (train.steps extends or
+# shortens the schedule's horizon; the rest is bookkeeping). Any other difference between a
+# resume's config and its checkpoint's is an error (see dlmkit.train.resume).
+RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.val_every", "train.save_every",
+                  "train.threads", "train.progress", "train.device", "output_dir")
 
 # Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
 # task's parameters): merged key by key, not checked against the defaults.
@@ -123,9 +136,9 @@ def parse_override(item: str) -> tuple[list[str], object]:
     return key.split("."), _yaml(raw) if raw else None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
-    """The default config, updated by a YAML file and then by ``key.sub=value`` overrides."""
-    config = copy.deepcopy(DEFAULTS)
+def _layers(path: str | Path | None, overrides: list[str] | None) -> list[dict]:
+    """The updates applied to the defaults, in order: the YAML file, then each override."""
+    layers = []
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -136,14 +149,69 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        config = _merge(config, loaded)
+        layers.append(loaded)
     for item in overrides or []:
         keys, value = parse_override(item)
         update: dict = value  # type: ignore[assignment]
         for key in reversed(keys):
             update = {key: update}
-        config = _merge(config, update)
+        layers.append(update)
+    return layers
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
+    """The default config, updated by a YAML file and then by ``key.sub=value`` overrides."""
+    config = copy.deepcopy(DEFAULTS)
+    for layer in _layers(path, overrides):
+        config = _merge(config, layer)
     return validate(config)
+
+
+def explicit_keys(path: str | Path | None = None,
+                  overrides: list[str] | None = None) -> list[str]:
+    """Dotted keys the YAML file and the overrides set (leaves; an empty mapping is a leaf).
+
+    A resumed run takes these from the new config and everything else from its checkpoint."""
+    return sorted({key for layer in _layers(path, overrides) for key in flatten(layer)})
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    """``{"train.lr": 0.003, ...}``: every leaf of a nested config under its dotted key."""
+    out: dict[str, object] = {}
+    for key, value in config.items():
+        where = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, where))
+        else:
+            out[where] = value
+    return out
+
+
+def set_key(config: dict, dotted: str, value) -> None:
+    """``config[a][b] = value`` for ``dotted = "a.b"`` (missing mappings are created)."""
+    *parents, last = dotted.split(".")
+    for key in parents:
+        if not isinstance(config.get(key), dict):
+            config[key] = {}
+        config = config[key]
+    config[last] = copy.deepcopy(value)
+
+
+def get_key(config: dict, dotted: str, default=None):
+    for key in dotted.split("."):
+        if not isinstance(config, dict) or key not in config:
+            return default
+        config = config[key]
+    return config
+
+
+def dump_yaml(config: dict) -> str:
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def load_yaml(text: str):
+    """Read YAML the way config files are read (YAML 1.2 floats)."""
+    return _yaml(text)
 
 
 def validate(config: dict) -> dict:
@@ -206,6 +274,9 @@ def validate(config: dict) -> dict:
     need(m["name"] is None or isinstance(m["name"], str),
          f"model.name must be a string (a preset or a model directory) or null, "
          f"got {m['name']!r}")
+    need(d["truncation"] in TRUNCATION_POLICIES,
+         f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, "
+         f"got {d['truncation']!r}")
     need(m["dtype"] in ("float32", "bfloat16"),
          f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
     return config

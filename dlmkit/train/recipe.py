@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,13 +28,18 @@ from dlmkit.data import (
     eval_batches,
     load_tokenizer,
 )
-from dlmkit.data.seeds import sample_generators, validation_generators
+from dlmkit.data.seeds import document_generators
 from dlmkit.models import resolve_attention
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import ConfigError
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
 from .metrics import MetricsLog, plot_loss_curve
+from .preflight import check_attention, check_device, check_model_overrides
+from .progress import Progress
+from .resume import ResumePlan, plan_resume
+from .rundir import check_new_run_dir, check_writable, create_run_dir
+from .truncation import apply_length_cap
 
 
 def build_datasets(config: dict, tokenizer):
@@ -70,6 +76,13 @@ def sampler_micro_batch(config: dict, world: World) -> int:
     return t["micro_batch_size"] or max(1, t["global_batch_size"] // world.world_size)
 
 
+def build_sampler(config: dict, world: World, num_samples: int) -> GlobalBatchSampler:
+    return GlobalBatchSampler(num_samples, config["train"]["global_batch_size"],
+                              rank=world.rank, world_size=world.world_size,
+                              micro_batch_size=sampler_micro_batch(config, world),
+                              seed=config["seed"])
+
+
 def lr_at(step: int, config: dict) -> float:
     """Linear warmup then cosine decay to ``min_lr_ratio * lr`` (multiplier of lr)."""
     t = config["train"]
@@ -100,9 +113,12 @@ def accumulate_gradients(step, model, strategy, dataset, collator, sampler, conf
     gradient in ``.grad``. Returns (global loss, tokens fed on this rank)."""
     seed = config["seed"]
     prepared = []
-    for indices in sampler.micro_batches(step):
+    for indices, repeats in zip(sampler.micro_batches(step), sampler.micro_batch_repeats(step)):
         batch = to_device(collator([dataset[i] for i in indices]), world.device)
-        generators = sample_generators(seed, step, batch["sample_index"].tolist(), world.device)
+        # One generator per document (per row unless packed), each seeded from its own
+        # (seed, step, sample, repeat): the noise does not depend on packing or the split.
+        generators = document_generators(seed, step, batch, list(zip(indices, repeats)),
+                                         world.device)
         prepared.append(strategy.prepare(batch, generators))
 
     # Global denominators: summed over micro-batches and ranks before any forward.
@@ -163,9 +179,8 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
 
     def prepared(indices):
         batch = to_device(collator([dataset[i] for i in indices]), world.device)
-        generators = validation_generators(config["seed"], batch["sample_index"].tolist(),
-                                           world.device)
-        return strategy.prepare(batch, generators)
+        return strategy.prepare(batch, document_generators(config["seed"], None, batch,
+                                                           device=world.device))
 
     # Pass 1: global denominators. Pass 2 re-derives the same inputs (deterministic seeds)
     # instead of keeping every prepared batch alive.
@@ -227,11 +242,44 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     return final
 
 
-def run(config: dict, *, resume: bool = False) -> Path:
-    """Train as configured; returns the run directory."""
+class TrainingInterrupted(Exception):
+    """Ctrl-C during a run: where it stopped and what survives (the CLI prints it)."""
+
+    def __init__(self, run_dir: Path | None, step: int | None, checkpoint: Path | None) -> None:
+        self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
+        super().__init__(f"interrupted at step {step}")
+
+
+@dataclass
+class _Status:
+    """How far ``_run`` got, for the message after Ctrl-C."""
+
+    run_dir: Path | None = None
+    step: int | None = None
+    checkpoint: Path | None = None
+
+
+def run(config: dict, *, resume: bool = False, overwrite: bool = False,
+        explicit: list[str] | None = None, allow_config_change: bool = False) -> Path:
+    """Train as configured; returns the run directory.
+
+    ``resume``: continue ``config["output_dir"]`` from its newest complete checkpoint, with the
+    checkpoint's config; of ``config``, only the ``explicit`` keys (None: all) are applied, and
+    only :data:`~dlmkit.train.config.RESUMABLE_KEYS` may differ unless
+    ``allow_config_change`` (see :mod:`dlmkit.train.resume`). ``overwrite``: a new run may
+    replace an existing run directory (it is deleted first)."""
+    plan = None
+    if resume:
+        plan = plan_resume(config, explicit=explicit, allow_config_change=allow_config_change)
+        config = plan.config
+    check_device(config["train"]["device"])  # before torch.cuda is touched
     world = init_world(config["train"]["device"])
+    status = _Status()
     try:
-        run_dir = _run(config, world, resume)
+        run_dir = _run(config, world, plan, overwrite, status)
+    except KeyboardInterrupt:
+        shutdown(world, clean=False)
+        raise TrainingInterrupted(status.run_dir, status.step, status.checkpoint) from None
     except BaseException:
         shutdown(world, clean=False)
         raise
@@ -267,10 +315,7 @@ def build_components(config: dict, world: World) -> Components:
                             loss_chunk_size=t["loss_chunk_size"])
     collator = build_collator(config, tokenizer, strategy)
     train_set, val_set = build_datasets(config, tokenizer)
-    sampler = GlobalBatchSampler(len(train_set), t["global_batch_size"], rank=world.rank,
-                                 world_size=world.world_size,
-                                 micro_batch_size=sampler_micro_batch(config, world),
-                                 seed=config["seed"])
+    sampler = build_sampler(config, world, len(train_set))
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -291,14 +336,44 @@ def build_components(config: dict, world: World) -> Components:
                       scheduler, sampler)
 
 
-def _run(config: dict, world: World, resume: bool) -> Path:
+def check_setup(config: dict, device: torch.device) -> None:
+    """What can be checked from the config and the machine alone, before any data or model is
+    built: the attention backend against the device, ``model.config`` against the preset."""
+    from dlmkit.models import PRESETS
+
+    check_attention(config["model"]["attention"], device)
+    name = config["model"]["name"] or strategies.get(config["strategy"]["name"]).default_model
+    if name in PRESETS:
+        check_model_overrides(PRESETS[name], config["model"]["config"])
+
+
+def apply_length_cap_policy(c: Components, config: dict, world: World,
+                            progress: Progress) -> Components:
+    """The data as ``data.truncation`` says it is trained, with the counts reported."""
+    d = config["data"]
+    cap = c.collator.max_seq_len
+    train_set, report = apply_length_cap(c.train_set, cap, d["truncation"], "training",
+                                         d["max_seq_len"])
+    reports = [report]
+    val_set = c.val_set
+    if val_set is not None:
+        val_set, val_report = apply_length_cap(val_set, cap, d["truncation"], "validation",
+                                               d["max_seq_len"])
+        reports.append(val_report)
+    for r in reports:
+        if r.cut:
+            progress.message(r.line(d["max_seq_len"]))
+    sampler = c.sampler if len(train_set) == len(c.train_set) else \
+        build_sampler(config, world, len(train_set))
+    return replace(c, train_set=train_set, val_set=val_set, sampler=sampler)
+
+
+def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
+         status: _Status) -> Path:
     t = config["train"]
     if t["threads"]:
         torch.set_num_threads(int(t["threads"]))
-    c = build_components(config, world)
-    tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
-    train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
-    model, optimizer, scheduler = c.model, c.optimizer, c.scheduler
+    check_setup(config, world.device)
     run_dir = Path(config["output_dir"] or default_run_dir(config))
     if world.distributed:  # every rank must agree on a timestamped default
         import torch.distributed as dist
@@ -306,32 +381,51 @@ def _run(config: dict, world: World, resume: bool) -> Path:
         shared = [str(run_dir)]
         dist.broadcast_object_list(shared, src=0)
         run_dir = Path(shared[0])
+    status.run_dir = run_dir
+    if plan is None:
+        check_new_run_dir(run_dir, overwrite=overwrite)
+    else:
+        check_writable(run_dir)
+    # Messages (data and resume reports, validation losses) print whatever train.progress
+    # says; the step display starts once the first step is known.
+    messages = Progress(enabled=world.is_main, show_steps=False, total=t["steps"], initial=0,
+                        desc="")
+    c = build_components(config, world)
+    c = apply_length_cap_policy(c, config, world, messages)
+    tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
+    train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
+    model, optimizer, scheduler = c.model, c.optimizer, c.scheduler
 
     start = 0
-    if resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}")
-        start = load_checkpoint(checkpoint, model, optimizer, scheduler, world)
+    if plan is not None:
+        for line in plan.summary():
+            messages.message(line)
+        start = load_checkpoint(plan.point.path, model, optimizer, scheduler, world)
+        status.checkpoint = plan.point.path
+        if start > t["steps"]:
+            raise ConfigError(f"--resume: {plan.point.path} is at step {start}, beyond "
+                              f"train.steps={t['steps']}; set train.steps >= {start}")
+        if start == t["steps"]:
+            messages.message(f"resume: the run is already at train.steps={start}; nothing to "
+                             "train (extend it with --set train.steps=N)")
     elif world.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        create_run_dir(run_dir, overwrite=overwrite)
     barrier(world)
     if world.is_main:
-        (run_dir / "config.yaml").write_text(_dump_yaml(config))
+        (run_dir / "config.yaml").write_text(dump_yaml(config))
+        if plan is not None:
+            plan.record(run_dir, start)
     metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
 
-    progress = None
-    if world.is_main and t["progress"]:
-        from tqdm import tqdm
-
-        progress = tqdm(total=t["steps"], initial=start, desc=f"train {strategy.name}",
-                        unit="step", dynamic_ncols=True)
+    progress = Progress(enabled=world.is_main, show_steps=t["progress"], total=t["steps"],
+                        initial=start, desc=f"train {strategy.name}")
+    status.step = start
     window_tokens, window_start = 0, time.perf_counter()
     for step in range(start, t["steps"]):
         stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
                            sampler, config, world)
         window_tokens += stats["tokens"]
-        done = step + 1
+        done = status.step = step + 1
         if done % t["log_every"] == 0 or done == t["steps"]:
             elapsed = time.perf_counter() - window_start
             record = {"split": "train", "step": done, "loss": stats["loss"],
@@ -340,20 +434,21 @@ def _run(config: dict, world: World, resume: bool) -> Path:
                       "epoch": sampler.epoch_of(done)}
             metrics.write(record)
             window_tokens, window_start = 0, time.perf_counter()
-            if progress is not None:
-                progress.set_postfix(loss=f"{stats['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                                     tok_s=f"{record['tokens_per_s']:.0f}")
+            progress.logged(done, record)
         if val_set is not None and (done % t["val_every"] == 0 or done == t["steps"]):
             val_loss = validate(model, strategy, val_set, collator, config, world)
             metrics.write({"split": "validation", "step": done, "loss": val_loss})
-            if progress is not None:
-                progress.write(f"step {done}: validation loss {val_loss:.4f}")
-        if done % t["save_every"] == 0 and done < t["steps"]:
-            save_checkpoint(run_dir, done, model, optimizer, scheduler, world)
-        if progress is not None:
-            progress.update(1)
-    if progress is not None:
-        progress.close()
+            progress.message(f"step {done}: validation loss {val_loss:.4f}")
+        # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
+        if done % t["save_every"] == 0 or done == t["steps"]:
+            status.checkpoint = save_checkpoint(run_dir, done, model, optimizer, scheduler,
+                                                world, config=config)
+        progress.advance()
+    progress.close()
+    if not sys.stderr.isatty():  # transformers' shard-writing bar: \r-joined junk in a log
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     final = export_final(run_dir, model, tokenizer, config, strategy, world, train_set)
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
@@ -368,9 +463,3 @@ def _round_up(n: int, multiple: int) -> int:
 def default_run_dir(config: dict) -> Path:
     task = config["data"]["task"] or "files"
     return Path("runs") / f"{config['strategy']['name']}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _dump_yaml(config: dict) -> str:
-    import yaml
-
-    return yaml.safe_dump(config, sort_keys=False)
