@@ -124,9 +124,31 @@ class GlobalBatchSampler:
 
     def micro_batches(self, step: int) -> list[list[int]]:
         """This rank's indices of step ``step``, split into ``accumulation_steps`` lists."""
-        local = self.local_batch(step)
+        return self._split(self.local_batch(step))
+
+    def micro_batch_repeats(self, step: int) -> list[list[int]]:
+        """Parallel to :meth:`micro_batches`: each draw's ``repeat``, how many earlier draws of
+        the same sample step ``step``'s global batch holds (0 unless the batch straddles an
+        epoch boundary or is larger than the dataset). Counted over the whole global batch, so
+        it does not depend on ranks or micro-batches; it keeps repeated draws' noise apart
+        (:func:`dlmkit.data.seeds.sample_seed`)."""
+        seen: dict[int, int] = {}
+        repeats = []
+        for index in self.global_batch(step):
+            repeats.append(seen.get(index, 0))
+            seen[index] = repeats[-1] + 1
+        start = self.rank * self.local_batch_size
+        return self._split(repeats[start : start + self.local_batch_size])
+
+    def _split(self, local: list[int]) -> list[list[int]]:
         m = self.micro_batch_size
         return [local[i : i + m] for i in range(0, len(local), m)]
+
+    def micro_batch_slots(self) -> list[int]:
+        """The first slot (position in the step's global batch) of each of this rank's
+        micro-batches, in the order of :meth:`micro_batches`; the same for every step."""
+        start = self.rank * self.local_batch_size
+        return list(range(start, start + self.local_batch_size, self.micro_batch_size))
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step

@@ -12,11 +12,25 @@ modulo 2^63, each a bijection of ``[0, 2^63)``), applied in a chain
 to seed is therefore a bijection: seeds of different samples of a step never collide.
 Across steps they are pseudo-independent 63-bit values. Validation uses a step value outside
 the training range, so its seeds never coincide with a training seed of the same sample.
+
+A sample drawn more than once in one step (a global batch that straddles an epoch boundary,
+or one larger than the dataset) must not get the same noise twice: that would be one draw
+counted twice, not two. So a training seed also takes ``repeat``, the draw's rank among the
+step's draws of the same sample (0 for its first, 1 for its second ...; see
+:meth:`~dlmkit.data.sampler.GlobalBatchSampler.micro_batch_repeats`). ``repeat`` is counted
+over the whole global batch in stream order, so it too is independent of ranks and
+micro-batches; ``repeat = 0`` leaves the seed exactly as before, so the common case (no
+repeats) keeps its noise. Seeding by the draw's position in the global batch instead would
+also separate repeats, but would change every sample's noise with the data order.
+
+Packed rows hold several documents; each takes its noise from its own sample's generator
+(:func:`document_generators`, one per document, row-major), never from its row's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -47,14 +61,17 @@ def _chain(seed: int, step: int, sample_index: int) -> int:
     return _mix(_mix(_mix(seed) ^ step) ^ sample_index)
 
 
-def sample_seed(seed: int, step: int, sample_index: int) -> int:
+def sample_seed(seed: int, step: int, sample_index: int, repeat: int = 0) -> int:
     """Seed in ``[0, 2^63)`` for the training noise of global sample ``sample_index`` at
-    optimizer step ``step`` of a run configured with ``seed`` (all non-negative ints)."""
-    return _chain(
+    optimizer step ``step`` of a run configured with ``seed`` (all non-negative ints);
+    ``repeat``: which of the step's draws of that sample (0 = the first, the usual case)."""
+    x = _chain(
         _check("seed", seed, 1 << _BITS),
         _check("step", step, _MAX_STEP),
         _check("sample_index", sample_index, 1 << _BITS),
     )
+    repeat = _check("repeat", repeat, 1 << _BITS)
+    return _mix(x ^ repeat) if repeat else x
 
 
 def validation_seed(seed: int, sample_index: int) -> int:
@@ -90,3 +107,40 @@ def validation_generators(
 ) -> list[torch.Generator]:
     """Like :func:`sample_generators` for validation rows (:func:`validation_seed`)."""
     return _generators((validation_seed(seed, int(i)) for i in sample_indices), device)
+
+
+def document_indices(batch: Mapping[str, torch.Tensor]) -> list[int]:
+    """Global sample index of every document of a collated batch, row by row and in order
+    within a row (``doc_sample_index``; ``sample_index``, one per row, without it)."""
+    docs = batch.get("doc_sample_index")
+    if docs is None:
+        return [int(i) for i in batch["sample_index"].tolist()]
+    return [int(i) for i in docs[docs >= 0].tolist()]
+
+
+def document_generators(
+    seed: int, step: int | None, batch: Mapping[str, torch.Tensor],
+    draws: Sequence[tuple[int, int]] | None = None, device: torch.device | str = "cpu",
+) -> list[torch.Generator]:
+    """One ``torch.Generator`` per document of a collated batch (:func:`document_indices`
+    order): the corruption's ``generator`` for packed and unpacked batches alike.
+
+    ``step``: the optimizer step (:func:`sample_seed`), or ``None`` for validation
+    (:func:`validation_seed`). ``draws``: the micro-batch's ``(sample_index, repeat)`` pairs
+    (the sampler's indices and :meth:`~dlmkit.data.sampler.GlobalBatchSampler.
+    micro_batch_repeats`); ``None`` = every repeat 0. Two documents of the same sample are
+    identical, so they take that sample's repeat numbers in ascending order.
+    """
+    indices = document_indices(batch)
+    if step is None:
+        return validation_generators(seed, indices, device)
+    pending: dict[int, list[int]] = defaultdict(list)
+    for index, repeat in sorted(draws or [(i, 0) for i in indices], reverse=True):
+        pending[int(index)].append(int(repeat))
+    seeds = []
+    for i in indices:
+        if not pending[i]:
+            raise ValueError(f"document of sample {i} is not among the micro-batch's draws "
+                             f"{sorted(draws or [])}")
+        seeds.append(sample_seed(seed, step, i, pending[i].pop()))
+    return _generators(seeds, device)

@@ -34,14 +34,12 @@ class HybridStrategy(TwoStreamStrategy):
     def prepare(self, batch, generators):
         c = self.config
         if c["corruption"] == "uniform":
-            noisy, noise_mask, p_mask = corrupt_uniform(
-                batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=c["eps"],
-                generator=generators)
+            noisy, noise_mask, p_mask = self.corrupt(
+                corrupt_uniform, batch, generators, self.mask_token_id, eps=c["eps"])
         else:
-            noisy, noise_mask, p_mask = corrupt_blockwise(
-                batch["input_ids"], batch["loss_mask"], self.mask_token_id,
-                block_size=c["block_size"], eps=c["eps"], half_life_ratio=c["half_life_ratio"],
-                generator=generators)
+            noisy, noise_mask, p_mask = self.corrupt(
+                corrupt_blockwise, batch, generators, self.mask_token_id,
+                block_size=c["block_size"], eps=c["eps"], half_life_ratio=c["half_life_ratio"])
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
 
     def counts(self, prepared):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dlmkit.diffusion.documents import corrupt_documents
+
 from .base import Strategy, doc_ids_of
 
 
@@ -15,6 +17,15 @@ class TwoStreamStrategy(Strategy):
 
     def validate(self) -> None:
         self._positive_option("block_size")
+
+    def corrupt(self, corruption, batch: dict, generators, *args, **kwargs):
+        """``corruption(input_ids, loss_mask, *args, **kwargs)`` document by document on packed
+        rows (``generators``: one per document, row-major), so a document's noise does not
+        depend on how it was packed (:mod:`dlmkit.diffusion.documents`)."""
+        packed = doc_ids_of(batch) is not None
+        return corrupt_documents(corruption, batch["input_ids"], batch["loss_mask"], *args,
+                                 doc_ids=batch["doc_ids"] if packed else None,
+                                 generator=generators, **kwargs)
 
     def two_stream(self, batch: dict, noisy: torch.Tensor) -> dict:
         ids, valid = batch["input_ids"], batch["attention_valid"]
