@@ -22,6 +22,11 @@ exactly where ``attention_valid`` is 0.
 (NeMo's cap, applied last, could); content beyond it is dropped and flagged in ``truncated``,
 and ``lengths`` counts only the tokens kept.
 
+With ``fill_from_response=True`` the fill is measured from where each sample's last
+supervised run starts instead of from position 0: ``f = a + ceil((c - a) / block_size) *
+block_size`` with ``a`` that start, so the final response is a whole number of blocks (block
+diffusion's canvas blocks start at the response, not at multiples of the block size).
+
 With ``pack=True`` several samples share a row (first fit, in order, each sample block-aligned
 with its own EOS fill so no block straddles two documents); ``doc_ids`` numbers them
 ``0, 1, ...`` within the row and ``position_ids`` restart at 0 for each.
@@ -50,6 +55,15 @@ def _ceil_to(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _last_run_start(mask: torch.Tensor) -> int:
+    """Start of the last run of 1s in ``mask`` (its length when nothing is supervised)."""
+    ones = torch.nonzero(mask).flatten()
+    if ones.numel() == 0:
+        return mask.numel()
+    gaps = torch.nonzero(ones[1:] != ones[:-1] + 1).flatten()
+    return int(ones[gaps[-1] + 1]) if gaps.numel() else int(ones[0])
+
+
 class Collator:
     """Pads, block-aligns, caps and optionally packs SFT samples.
 
@@ -65,6 +79,8 @@ class Collator:
             ``pack``.
         supervise_padding: put loss (and attention) on the padding after the fill too.
         pack: put several samples in one row (up to ``max_seq_len``).
+        fill_from_response: block-align each sample's last supervised run (its final
+            response) rather than the whole sample.
 
     Each sample is a mapping with ``input_ids`` (list or 1-D tensor of ints, length ``n``),
     optional ``loss_mask`` (``n`` values in {0, 1}; default all 1) and ``sample_index`` (int,
@@ -99,6 +115,7 @@ class Collator:
         max_seq_len: int | None = None,
         supervise_padding: bool = False,
         pack: bool = False,
+        fill_from_response: bool = False,
     ) -> None:
         self.pad_token_id = _opt_int("pad_token_id", pad_token_id, 0)
         if self.pad_token_id is None:
@@ -120,8 +137,11 @@ class Collator:
             raise TypeError(f"pack must be a bool, got {pack!r}")
         if pack and self.max_seq_len is None:
             raise ValueError("pack=True needs max_seq_len (the row length to pack up to)")
+        if not isinstance(fill_from_response, bool):
+            raise TypeError(f"fill_from_response must be a bool, got {fill_from_response!r}")
         self.supervise_padding = supervise_padding
         self.pack = pack
+        self.fill_from_response = fill_from_response
         self.fill_token_id = self.pad_token_id if self.eos_token_id is None else self.eos_token_id
 
     def __repr__(self) -> str:
@@ -200,7 +220,12 @@ class Collator:
         flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
         flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
         self._check_values(parsed, flat_ids, flat_mask)
-        aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
+        if self.fill_from_response:
+            starts = [_last_run_start(p[1][:k]) for p, k in zip(parsed, kept_list)]
+            aligned_list = [a + _ceil_to(k - a, self.block_size)
+                            for a, k in zip(starts, kept_list)]
+        else:
+            aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
         rows_l, offsets_l, numbers_l = self._place(aligned_list)
 
         kept = torch.tensor(kept_list)

@@ -6,7 +6,7 @@ Every factory returns a :class:`Mask`; see ``docs/gallery.md`` for pictures of e
 
 from .bidirectional import bidirectional
 from .cache import MaskCache
-from .canvas import canvas
+from .canvas import canvas, canvas_encoder
 from .causal import causal
 from .chunk_causal import chunk_causal, expert_cross, expert_self
 from .core import Mask
@@ -29,7 +29,7 @@ from .window import dilated_sliding_window, global_sliding_window, sliding_windo
 __all__ = [
     "EMPTY", "FULL", "KIND_CLEAN", "KIND_GLOBAL", "KIND_NOISED", "PARTIAL", "Mask", "MaskCache",
     "Slot", "TokenTags", "batchify", "bidirectional", "block_diffusion",
-    "block_diffusion_decode", "canvas", "causal", "causal_decode", "chunk_causal", "dflash",
+    "block_diffusion_decode", "canvas", "canvas_encoder", "causal", "causal_decode", "chunk_causal", "dflash",
     "dflash_decode", "dilated_sliding_window", "document", "expert_cross", "expert_self",
     "flamingo", "global_sliding_window", "hybrid", "idlm", "idlm_decode", "jetspec_training",
     "jetspec_tree", "merge_attention", "natten", "packed_causal_document", "prefix_lm",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .ar import ARStrategy
 from .base import Strategy
 from .bd3lm import BD3LMStrategy
+from .block_diffusion import BlockDiffusionStrategy
 from .hybrid import HybridStrategy
 from .idlm import IDLMStrategy
 from .mdlm import MDLMStrategy
@@ -12,7 +13,7 @@ from .scdd import SCDDStrategy
 
 _REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (MDLMStrategy, SCDDStrategy, HybridStrategy, IDLMStrategy,
-                              BD3LMStrategy, ARStrategy)
+                              BD3LMStrategy, ARStrategy, BlockDiffusionStrategy)
 }
 
 

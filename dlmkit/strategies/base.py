@@ -40,6 +40,9 @@ class Strategy:
     name: str = ""
     options: dict[str, Any] = {}
     supports_packing: bool = False
+    # Block-align each sample's final response, not the whole sample (canvas blocks that
+    # start at the response: the collator's ``fill_from_response``).
+    fill_from_response: bool = False
     # The generate sampler that decodes this family's export (``dlmkit generate`` default).
     sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).
@@ -81,6 +84,10 @@ class Strategy:
 
     def setup(self, device: torch.device) -> None:
         """Load the frozen auxiliary models (e.g. a DFlash target) onto ``device``."""
+
+    def check_dataset(self, dataset) -> None:
+        """Reject data this family cannot train on (ValueError naming the sample), before any
+        step; called on the training and validation sets."""
 
     @classmethod
     def load_model(cls, path, *, attention: str = "sdpa", device="cpu") -> torch.nn.Module:

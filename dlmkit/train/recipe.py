@@ -67,7 +67,7 @@ def build_collator(config: dict, tokenizer, strategy) -> Collator:
     return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                     block_size=block, pad_seq_len_divisible=d["pad_seq_len_divisible"],
                     max_seq_len=d["max_seq_len"], supervise_padding=d["supervise_padding"],
-                    pack=d["pack"])
+                    pack=d["pack"], fill_from_response=strategy.fill_from_response)
 
 
 def sampler_micro_batch(config: dict, world: World) -> int:
@@ -325,6 +325,9 @@ def build_components(config: dict, world: World) -> Components:
                                  attention=attention, dtype=dtype,
                                  overrides=config["model"]["config"]).to(world.device)
     strategy.setup(world.device)  # frozen auxiliary models: not wrapped, not optimised
+    for dataset in (train_set, val_set):
+        if dataset is not None:
+            strategy.check_dataset(dataset)
     model = wrap_model(model, world, t["distributed"])
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
