@@ -38,6 +38,7 @@ _BITS = 63
 _MASK = (1 << _BITS) - 1
 _MAX_STEP = 1 << 62  # training steps live below this; validation uses a value above
 _VALIDATION_STEP = _MAX_STEP | 0x5EED_0F_7A11D
+_DECODE_STEP = _MAX_STEP | 0xDEC0DE  # sampling seeds: outside training and validation too
 
 
 def _mix(x: int) -> int:
@@ -144,3 +145,14 @@ def document_generators(
                              f"{sorted(draws or [])}")
         seeds.append(sample_seed(seed, step, i, pending[i].pop()))
     return _generators(seeds, device)
+
+
+def prompt_generators(
+    seed: int, prompt_indices: Iterable[int], device: torch.device | str = "cpu"
+) -> list[torch.Generator]:
+    """One ``torch.Generator`` per prompt for a sampler, seeded from ``(sampler seed, prompt
+    index)`` only: a prompt's sample does not depend on which prompts share its batch or on
+    the batch size (the samplers draw row ``b``'s numbers from entry ``b`` alone)."""
+    _check("seed", seed, 1 << _BITS)
+    return _generators((_chain(seed, _DECODE_STEP, _check("prompt index", int(i), 1 << _BITS))
+                        for i in prompt_indices), device)

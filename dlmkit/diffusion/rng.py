@@ -72,6 +72,33 @@ def draw_rows(generator: Generators, batch: int, cols: int, device: torch.device
     return draw(generator, batch, 0, cols, 0, device)[0]
 
 
+def uniform(generator: Generators, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+    """float64 uniforms ``[0, 1)`` of ``shape`` on ``device``; with a list, row ``b`` (index
+    ``b`` of dimension 0) is drawn from ``generator[b]`` alone, so its numbers do not depend on
+    how many other rows share the batch (the samplers' batch invariance)."""
+    shape = tuple(shape)
+    if isinstance(generator, torch.Generator):
+        return _rand(shape, generator).to(device)
+    check_generator(generator, shape[0])
+    if not generator:
+        return torch.empty(shape, dtype=torch.float64, device=device)
+    return torch.stack([_rand(shape[1:], g) for g in generator]).to(device)
+
+
+def select(generator: Generators, rows: Sequence[int] | torch.Tensor) -> Generators:
+    """The generators of ``rows`` (a list's entries; a single generator is shared)."""
+    if isinstance(generator, torch.Generator):
+        return generator
+    if isinstance(rows, torch.Tensor):
+        rows = rows.tolist()
+    return [generator[int(r)] for r in rows]
+
+
+def for_row(generator: Generators, row: int) -> torch.Generator:
+    """The generator row ``row`` draws from (a single generator serves every row)."""
+    return generator if isinstance(generator, torch.Generator) else generator[row]
+
+
 def block_values(pos_u: torch.Tensor, block_size: int) -> torch.Tensor:
     """Per-block uniforms read at each block's first position, broadcast back over the block.
 

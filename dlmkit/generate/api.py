@@ -216,15 +216,30 @@ def strategy_samplers() -> dict[str, str]:
             if strategies.get(name).sampler}
 
 
+def _prompt_generators(seed: int, first_index: int, count: int, device):
+    from dlmkit.data.seeds import prompt_generators
+
+    if isinstance(first_index, bool) or not isinstance(first_index, int) or first_index < 0:
+        raise ValueError(f"first_index must be an int >= 0, got {first_index!r}")
+    return prompt_generators(seed, range(first_index, first_index + count), device)
+
+
 def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
-             config: SamplerConfig) -> GenerationResult:
-    """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch."""
+             config: SamplerConfig, *, first_index: int = 0) -> GenerationResult:
+    """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch.
+
+    Batch invariant: prompt ``i`` samples from its own generator, seeded from ``(config.seed,
+    first_index + i)`` (:func:`dlmkit.data.seeds.prompt_generators`), and every sampler draws a
+    row's numbers from its generator alone, so a prompt's output does not depend on the other
+    prompts of the batch or on the batch size. Decoding a long list in chunks therefore gives
+    the same outputs as one batch when each chunk passes its offset as ``first_index``.
+    """
     cfg = config.resolved()
     if isinstance(prompts, str):
         prompts = [prompts]
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
-    generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
+    generator = _prompt_generators(cfg.seed, first_index, len(encoded), runner.device)
     ids = {"mask_id": tokenizer.mask_token_id, "pad_id": tokenizer.pad_token_id}
     stop_ids = tuple(tokenizer.stop_token_ids)
     start = time.perf_counter()
@@ -276,7 +291,7 @@ def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
         raise ValueError(f"infilling needs a bidirectional model (mdlm or scdd), got sampler "
                          f"{cfg.sampler!r}")
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
-    generator = torch.Generator(device=runner.device).manual_seed(cfg.seed)
+    generator = _prompt_generators(cfg.seed, 0, len(sequences), runner.device)
     start = time.perf_counter()
     out = infill_masked(runner, sequences, cfg, mask_id=tokenizer.mask_token_id,
                         pad_id=tokenizer.pad_token_id, generator=generator)

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.diffusion.rng import Generators
+
 from .config import SamplerConfig
 from .masked import commit_step
 from .runner import Runner, first_stop, rule_mask
@@ -34,7 +36,7 @@ from .runner import Runner, first_stop, rule_mask
 
 def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
                   mask_id: int, pad_id: int, stop_ids: Sequence[int],
-                  generator: torch.Generator, clean_causal: bool = False) -> torch.Tensor:
+                  generator: Generators, clean_causal: bool = False) -> torch.Tensor:
     """Generated tokens ``[B, max_new_tokens]``; ``clean_causal`` selects the hybrid model's
     token-causal clean stream (BD3-LM: block-causal)."""
     device = runner.device

@@ -79,7 +79,8 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
                disable=not progress)
     for at in range(0, len(turns), batch_size):
         chunk = turns[at:at + batch_size]
-        result = generate(model, tokenizer, [list(t.prompt) for t in chunk], config)
+        result = generate(model, tokenizer, [list(t.prompt) for t in chunk], config,
+                          first_index=at)  # the same samples whatever the batch size
         forwards += result.forwards
         generated += result.generated
         row_forwards += result.row_forwards

@@ -27,6 +27,9 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.diffusion import rng
+from dlmkit.diffusion.rng import Generators
+
 from .primitives import gumbel, sample_tokens
 from .stream import CausalStream, exclude, pad_chunks
 
@@ -38,7 +41,7 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, stride: int,
                temperature: float, mask_id: int, pad_id: int, stop_ids: Sequence[int],
-               generator: torch.Generator) -> list[list[int]]:
+               generator: Generators) -> list[list[int]]:
     """Each row's tokens, up to and including its first stop token (at most
     ``max_new_tokens``)."""
     batch = len(prompts)
@@ -62,6 +65,7 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             if not active[row]:
                 continue
             fed, a = feed[row], known[row]
+            gen = rng.for_row(generator, row)  # a row's draws never depend on the others
             col0 = width - len(fed)  # column of fed[0]
             accepted, anchor = 0, None
             for i in range(a, len(fed)):
@@ -73,15 +77,15 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     p = torch.softmax(logits.double() / temperature, -1)
                     q = draft_q[row][i - a]
                     ratio = (p[fed[i]] / q[fed[i]]).clamp(max=1.0)
-                    if float(torch.rand((), generator=generator, dtype=torch.float64)) >= ratio:
+                    if float(torch.rand((), generator=gen, dtype=torch.float64)) >= ratio:
                         residual = (p - q).clamp(min=0)
-                        anchor = _draw(residual / residual.sum(), generator)
+                        anchor = _draw(residual / residual.sum(), gen)
                         break
                 accepted += 1
             last = col0 + a - 1 + accepted
             keep[row, col0:last + 1] = True
             if anchor is None:
-                anchor = int(sample_tokens(clean[row, last], temperature, generator))
+                anchor = int(sample_tokens(clean[row, last], temperature, gen))
             new = fed[a:a + accepted] + [anchor]
             for token in new:
                 out[row].append(token)
@@ -89,7 +93,7 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     active[row] = False
                     break
             if accepted == len(fed) - a:
-                proposals = sample_tokens(noisy[row], temperature, generator).tolist()
+                proposals = sample_tokens(noisy[row], temperature, gen).tolist()
                 if temperature > 0:
                     draft_q[row] = torch.softmax(noisy[row].double() / temperature, -1)
                 feed[row] = [anchor, *proposals]

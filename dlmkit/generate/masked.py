@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.diffusion import rng
+from dlmkit.diffusion.rng import Generators
 from dlmkit.masks.bidirectional import bidirectional
 
 from .config import SamplerConfig
@@ -38,7 +40,7 @@ def split_steps(steps: int, parts: int) -> list[int]:
 
 
 def propose(logits: torch.Tensor, cfg: SamplerConfig, mask_id: int,
-            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens, scores)`` for ``logits [B, W, V]`` with the MASK logit excluded."""
     logits = logits.clone()
     logits[..., mask_id] = float("-inf")
@@ -48,16 +50,24 @@ def propose(logits: torch.Tensor, cfg: SamplerConfig, mask_id: int,
 
 def commit_step(x: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
                 steps_left: int, cfg: SamplerConfig, mask_id: int,
-                generator: torch.Generator) -> torch.Tensor:
+                generator: Generators) -> torch.Tensor:
     """One denoising step on a window ``x [B, W]`` (updated in place); returns what it committed.
 
     ``candidates`` marks the masked positions this step may commit; ``steps_left`` (including
-    this one) sets the scheduled count.
+    this one) sets the scheduled count. Only rows with candidates propose, so a row's random
+    draws (from its own generator, with a per-row list) happen exactly at its own steps,
+    whatever the other rows of the batch still need.
     """
-    tokens, scores = propose(logits, cfg, mask_id, generator)
-    count = scheduled_count(candidates.sum(1), steps_left)
-    chosen = select_transfers(scores, candidates, count, cfg.threshold)
-    x.copy_(torch.where(chosen, tokens, x))
+    chosen = torch.zeros_like(candidates)
+    rows = candidates.any(1).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return chosen
+    tokens, scores = propose(logits[rows], cfg, mask_id, rng.select(generator, rows))
+    wanted = candidates[rows]
+    count = scheduled_count(wanted.sum(1), steps_left)
+    picked = select_transfers(scores, wanted, count, cfg.threshold)
+    chosen[rows] = picked
+    x[rows] = torch.where(picked, tokens, x[rows])
     return chosen
 
 
@@ -81,7 +91,7 @@ class _Canvas:
 
 
 def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int,
-                   cfg: SamplerConfig, mask_id: int, generator: torch.Generator,
+                   cfg: SamplerConfig, mask_id: int, generator: Generators,
                    active: torch.Tensor, after_step=None) -> None:
     """Decode the masks of columns ``[lo, hi)`` in rows ``active`` within ``steps`` steps."""
     x = canvas.x
@@ -112,7 +122,7 @@ def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int
 
 def sample_masked(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
                   mask_id: int, pad_id: int, stop_ids: Sequence[int],
-                  generator: torch.Generator) -> torch.Tensor:
+                  generator: Generators) -> torch.Tensor:
     """Generated tokens ``[B, max_new_tokens]`` (stop and fill still in place)."""
     device = runner.device
     ids, valid = left_pad(prompts, pad_id, device)
@@ -144,7 +154,7 @@ def sample_masked(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
 
 
 def infill_masked(runner: Runner, sequences: Sequence[Sequence[int]], cfg: SamplerConfig, *,
-                  mask_id: int, pad_id: int, generator: torch.Generator) -> list[list[int]]:
+                  mask_id: int, pad_id: int, generator: Generators) -> list[list[int]]:
     """Fill every ``mask_id`` in ``sequences`` (ragged) within ``cfg.steps`` steps, all spans
     jointly (one block over the whole canvas); every other token is kept."""
     device = runner.device

@@ -11,25 +11,31 @@
   confident (top-k), or with a threshold every position above it, *at least* ``k`` (so a
   threshold can only speed a block up and never leaves masks behind when its steps run out).
 
-All randomness comes from a ``torch.Generator`` passed in; nothing touches the global RNG.
+All randomness comes from the ``generator`` passed in — one ``torch.Generator``, or one per
+row (:mod:`dlmkit.diffusion.rng`: row ``b`` draws only from ``generator[b]``, which is what
+makes a prompt's sample independent of its batch); nothing touches the global RNG.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dlmkit.diffusion import rng
+from dlmkit.diffusion.rng import Generators
+
 REMASKING = ("low_confidence", "random", "margin", "entropy")
 
 
-def gumbel(shape, generator: torch.Generator | None, device) -> torch.Tensor:
-    """float64 standard Gumbel noise ``-log(-log U)``, ``U`` in the open interval (0, 1)."""
-    u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+def gumbel(shape, generator: Generators, device) -> torch.Tensor:
+    """float64 standard Gumbel noise ``-log(-log U)``, ``U`` in the open interval (0, 1);
+    with a list of per-row generators, row ``b`` of ``shape[0]`` draws from its own."""
+    u = rng.uniform(generator, shape, device)
     tiny = torch.finfo(torch.float64).tiny
     return -torch.log(-torch.log(u.clamp(tiny, 1.0 - 1e-16)))
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float,
-                  generator: torch.Generator | None) -> torch.Tensor:
+                  generator: Generators | None) -> torch.Tensor:
     """Token ids ``[...]`` from ``logits [..., V]``: argmax at ``temperature == 0``, else a
     sample of ``softmax(logits / temperature)`` by the Gumbel-max trick in float64."""
     if temperature == 0:
@@ -39,7 +45,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float,
 
 
 def confidence(logits: torch.Tensor, tokens: torch.Tensor, remasking: str,
-               generator: torch.Generator | None) -> torch.Tensor:
+               generator: Generators | None) -> torch.Tensor:
     """float32 ``[...]`` score in ``[0, 1]`` of ``tokens`` under ``logits [..., V]``.
 
     ``low_confidence``: ``p(token)``; ``margin``: ``p(top1) - p(top2)``; ``entropy``:
@@ -49,7 +55,7 @@ def confidence(logits: torch.Tensor, tokens: torch.Tensor, remasking: str,
     sure the model is of it.
     """
     if remasking == "random":
-        return torch.rand(tokens.shape, generator=generator, device=tokens.device)
+        return rng.uniform(generator, tokens.shape, tokens.device).float()
     probs = torch.softmax(logits.float(), -1)
     if remasking == "low_confidence":
         return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -14,6 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.diffusion import rng
+from dlmkit.diffusion.rng import Generators
+
 from .runner import Runner, left_pad, rule_mask
 
 
@@ -91,7 +94,7 @@ def exclude(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
 
 def sample_ar(runner: Runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
               temperature: float, mask_id: int, pad_id: int, stop_ids: Sequence[int],
-              generator: torch.Generator) -> list[list[int]]:
+              generator: Generators) -> list[list[int]]:
     """Autoregressive decoding of the clean causal stream (logits at ``i`` predict ``i + 1``):
     one token per row per forward after the prompt's. Returns each row's tokens, up to and
     including its first stop token."""
@@ -105,11 +108,13 @@ def sample_ar(runner: Runner, prompts: Sequence[Sequence[int]], *, max_new_token
     while True:
         logits, _ = stream.forward(ids, valid)
         stream.commit(valid)
-        tokens = sample_tokens(exclude(logits[:, -1], mask_id), temperature, generator).tolist()
-        for row, token in enumerate(tokens):
-            if active[row]:
-                out[row].append(token)
-                active[row] = token not in stops and len(out[row]) < max_new_tokens
+        # Only the rows still decoding draw: a row's samples never depend on the others.
+        rows = [row for row, a in enumerate(active) if a]
+        tokens = sample_tokens(exclude(logits[rows, -1], mask_id), temperature,
+                               rng.select(generator, rows)).tolist()
+        for row, token in zip(rows, tokens):
+            out[row].append(token)
+            active[row] = token not in stops and len(out[row]) < max_new_tokens
         if not any(active):
             return out
         ids, valid = pad_chunks([[t[-1]] if a else [] for t, a in zip(out, active)], pad_id,
