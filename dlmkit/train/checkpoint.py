@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -200,7 +201,7 @@ def find_resume_point(run_dir: Path) -> ResumePoint:
 def _load(file: Path, **kwargs):
     try:
         return torch.load(file, weights_only=False, **kwargs)
-    except (RuntimeError, OSError, EOFError, ValueError) as err:
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"checkpoint file {file} is unreadable ({first}); delete its "
                               f"directory to resume from the one before") from err

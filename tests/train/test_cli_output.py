@@ -1,0 +1,97 @@
+"""What `dlmkit train` prints: truthful, readable in a log file, no tracebacks for the user.
+
+Before: Ctrl-C ended in a traceback; `train.progress=false` also hid the validation losses; a
+log file got one `\\r`-joined tqdm line; `--print-config | head` ended in a BrokenPipeError
+traceback; `--print-config` showed `strategy: {name: bd3lm}` only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from dlmkit.cli import main
+
+from .helpers import cli_args, cli_subprocess, env, losses
+
+
+@pytest.mark.slow  # a training subprocess interrupted, then resumed: ~20 s on 2 busy cores
+def test_ctrl_c_prints_two_lines_with_the_step_and_the_resume_command(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli_subprocess(cli_args(run_dir, "train.steps=2000", "train.save_every=2"))
+    pointer = run_dir / "checkpoints" / "latest"
+    deadline = time.monotonic() + 120
+    while not pointer.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0][-2000:]
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out[-2000:]
+    assert "Traceback" not in out
+    first, second = out.strip().splitlines()[-2:]
+    step = int(first.split("interrupted at step ")[1].split(";")[0])
+    assert step >= 2 and "; the last checkpoint is " in first and "step_" in first
+    assert second == f"resume with: dlmkit train --output-dir {run_dir} --resume"
+    # and that command (extended only to stop soon) continues the run
+    saved = int(pointer.read_text().strip().split("_")[1])
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set",
+          f"train.steps={saved + 1}"])
+    assert len(losses(run_dir)) == saved + 1
+
+
+def test_log_file_gets_plain_lines(tmp_path):
+    log = tmp_path / "train.log"
+    e = env()
+    e.pop("TQDM_DISABLE")
+    with log.open("w") as f:
+        subprocess.run([sys.executable, "-m", "dlmkit.cli",
+                        *cli_args(tmp_path / "run", "train.steps=3", "train.progress=true")],
+                       env=e, stdout=f, stderr=subprocess.STDOUT, check=True, timeout=300)
+    text = log.read_text()
+    assert "\r" not in text
+    for step in (1, 2, 3):
+        assert f"train mdlm: step {step}/3  loss " in text
+
+
+def test_progress_false_hides_steps_not_validation(tmp_path, capsys):
+    main(cli_args(tmp_path / "run", "train.steps=2", "train.val_every=1",
+                  "train.progress=false"))
+    captured = capsys.readouterr()
+    assert "step 1: validation loss" in captured.out
+    assert "step 2: validation loss" in captured.out
+    assert "step 1/2" not in captured.out + captured.err
+
+
+def _closed_pipe(args):
+    proc = subprocess.Popen([sys.executable, "-m", "dlmkit.cli", *args], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # like `| head` exiting before the command writes
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    return proc.returncode, err
+
+
+def test_print_config_into_a_closed_pipe_has_no_traceback():
+    code, err = _closed_pipe(["train", "--print-config"])
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert code == 141
+
+
+def test_print_config_lists_every_strategy_and_checks_options(capsys):
+    from dlmkit import strategies
+
+    main(["train", "--print-config"])
+    out = capsys.readouterr().out
+    config = yaml.safe_load(out)
+    assert config["strategy"] == {"name": "bd3lm", **strategies.get("bd3lm").options}
+    for name in strategies.names():
+        assert f"#   {name}: " in out
+    assert "#   scdd: num_timesteps=1000" in out
+    with pytest.raises(SystemExit, match=r"unknown option\(s\) \['blok_size'\]"):
+        main(["train", "--print-config", "--set", "strategy.blok_size=8"])
