@@ -75,6 +75,10 @@ def load_exported(path: str | Path, *, attention: str = "sdpa", device: str | to
 
     hf_logging.disable_progress_bar()  # a weight-loading bar per call clutters generate/eval
     path = Path(path)
+    from .lora import is_adapter_dir, load_adapter_export
+
+    if is_adapter_dir(path) and not (path / "config.json").is_file():  # model.lora.export=adapter
+        return load_adapter_export(path, attention=attention, device=device)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a model directory (no config.json); pass RUN/final")
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention,

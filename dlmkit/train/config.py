@@ -42,6 +42,8 @@ DEFAULTS: dict = {
         "attention": "auto",      # auto | sdpa | flex_attention | eager
         "dtype": "float32",
         "config": {},             # preset overrides (e.g. num_hidden_layers)
+        "gradient_checkpointing": False,  # recompute layer activations in the backward
+        "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
     },
     # + the strategy's own options (see dlmkit.strategies). BD3-LM is the default because it
     # decodes the bundled task exactly (100% exact match after the default 400 steps) while the
@@ -279,4 +281,13 @@ def validate(config: dict) -> dict:
          f"got {d['truncation']!r}")
     need(m["dtype"] in ("float32", "bfloat16"),
          f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
+    need(isinstance(m["gradient_checkpointing"], bool),
+         f"model.gradient_checkpointing must be true or false, got {m['gradient_checkpointing']!r}")
+    if m["lora"] is not None:
+        from dlmkit.models.lora import lora_options
+
+        try:
+            m["lora"] = lora_options(m["lora"])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return config

@@ -224,7 +224,16 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
         state = None
     if world.is_main:
         inner = getattr(model, "module", model)
-        inner.save_pretrained(final, state_dict=state)
+        lora = config["model"]["lora"]
+        if lora:  # merged weights or the adapter alone, from a fresh copy of the model
+            from dlmkit.models.lora import save_lora_export
+
+            fresh = build_trained_model(config, strategy, tokenizer.vocab_size,
+                                        inner.config._attn_implementation, "cpu")
+            save_lora_export(final, fresh, inner.state_dict() if state is None else state,
+                             lora, base=config["model"]["name"])
+        else:
+            inner.save_pretrained(final, state_dict=state)
         tokenizer.save_pretrained(final)
         (final / "dlmkit.json").write_text(json.dumps({
             "strategy": strategy.name,
@@ -302,6 +311,24 @@ class Components:
     sampler: GlobalBatchSampler
 
 
+def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
+    """The model the run trains (``model.*``): the strategy's, with gradient checkpointing
+    and LoRA adapters when configured (see :mod:`dlmkit.models.checkpointing`, ``.lora``)."""
+    from dlmkit.models.checkpointing import enable_gradient_checkpointing
+    from dlmkit.models.lora import apply_lora
+
+    m = config["model"]
+    name = m["name"] or strategy.default_model
+    model = strategy.build_model(name, vocab_size=vocab_size, attention=attention,
+                                 dtype=getattr(torch, m["dtype"]),
+                                 overrides=m["config"]).to(device)
+    if m["gradient_checkpointing"]:
+        enable_gradient_checkpointing(model)
+    if m["lora"]:
+        apply_lora(model, m["lora"], base=m["name"])
+    return model
+
+
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
@@ -319,18 +346,17 @@ def build_components(config: dict, world: World) -> Components:
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
-    dtype = getattr(torch, config["model"]["dtype"])
-    model_name = config["model"]["name"] or strategy.default_model
-    model = strategy.build_model(model_name, vocab_size=tokenizer.vocab_size,
-                                 attention=attention, dtype=dtype,
-                                 overrides=config["model"]["config"]).to(world.device)
+    model = build_trained_model(config, strategy, tokenizer.vocab_size, attention,
+                                world.device)
     strategy.setup(world.device)  # frozen auxiliary models: not wrapped, not optimised
     for dataset in (train_set, val_set):
         if dataset is not None:
             strategy.check_dataset(dataset)
     model = wrap_model(model, world, t["distributed"])
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # Frozen weights (LoRA's base) get no optimizer state.
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=t["lr"], betas=tuple(t["betas"]))

@@ -1,0 +1,180 @@
+"""LoRA through ``peft`` (``model.lora: {r, alpha, dropout, target_modules, export}``).
+
+The adapters are injected **in place** (``peft.inject_adapter_in_model``): the model keeps its
+class, so every strategy calls it as before, FSDP2 still finds its decoder layers, and the base
+weights are frozen (``requires_grad=False``), so only adapter weights get gradients and
+optimizer state. Checkpoints hold the whole state dict (frozen weights included), so
+``--resume`` is exact as without LoRA.
+
+Export (``RUN/final``), from the full state dict, on a fresh copy of the model:
+
+* ``export: merged`` (default) -- every adapter folded into its base weight
+  (``W + B A * alpha / r``, peft's own merge) and the LoRA layers removed: a plain Hugging Face
+  directory that transformers and ``dlmkit generate`` load.
+* ``export: adapter`` -- the adapter alone in peft's format (``adapter_config.json`` +
+  ``adapter_model.safetensors``), for ``peft.PeftModel.from_pretrained(base, RUN/final)``.
+  The base must be a local model directory (``model.name``) whose vocabulary already covers the
+  tokenizer's: weights of a preset exist only inside the run, and rows added by resizing the
+  embeddings are not part of an adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+ADAPTER_CONFIG = "adapter_config.json"
+DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear",
+            "export": "merged"}
+EXPORTS = ("merged", "adapter")
+
+
+def lora_options(spec) -> dict:
+    """``model.lora`` validated and completed with :data:`DEFAULTS`."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"model.lora must be a mapping {{r, alpha, dropout, target_modules, "
+                         f"export}} or null, got {spec!r}")
+    unknown = sorted(set(spec) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"model.lora: unknown key(s) {unknown}; valid: {sorted(DEFAULTS)}")
+    out = {**DEFAULTS, **spec}
+    r, alpha, dropout = out["r"], out["alpha"], out["dropout"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"model.lora.r must be an int >= 1, got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise ValueError(f"model.lora.alpha must be a number > 0, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+            or not 0 <= dropout < 1:
+        raise ValueError(f"model.lora.dropout must be a number in [0, 1), got {dropout!r}")
+    targets = out["target_modules"]
+    if targets != "all-linear" and not (
+            isinstance(targets, list) and targets
+            and all(isinstance(t, str) and t for t in targets)):
+        raise ValueError(f"model.lora.target_modules must be 'all-linear' or a non-empty list "
+                         f"of module names (e.g. [q_proj, v_proj]), got {targets!r}")
+    if out["export"] not in EXPORTS:
+        raise ValueError(f"model.lora.export must be one of {EXPORTS}, got {out['export']!r}")
+    return out
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise ImportError("model.lora needs peft: pip install dlmkit[lora]") from None
+    return peft
+
+
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """The distinct (last-component) names of the model's ``nn.Linear`` layers."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                   if isinstance(module, torch.nn.Linear)})
+
+
+def _peft_config(options: dict):
+    peft = _peft()
+    return peft.LoraConfig(r=options["r"], lora_alpha=options["alpha"],
+                           lora_dropout=float(options["dropout"]),
+                           target_modules=options["target_modules"])
+
+
+def apply_lora(model: torch.nn.Module, options: Mapping, *,
+               base: str | os.PathLike | None = None) -> torch.nn.Module:
+    """Inject LoRA adapters into ``model`` in place and freeze everything else.
+
+    ``base`` is the local directory the model was loaded from (``model.name``), required for
+    ``export: adapter``.
+
+    Raises:
+        ValueError: a target module the model lacks (names the linear layers it has), or an
+            adapter export without a usable base directory.
+    """
+    options = lora_options(dict(options))
+    targets = options["target_modules"]
+    if targets != "all-linear":
+        have = linear_module_names(model)
+        missing = [t for t in targets if t not in have]
+        if missing:
+            raise ValueError(f"model.lora.target_modules: {type(model).__name__} has no linear "
+                             f"layer named {missing}; its linear layers: {have} (or use "
+                             "'all-linear')")
+    if options["export"] == "adapter":
+        _check_adapter_base(model, base)
+    _peft().inject_adapter_in_model(_peft_config(options), model)
+    return model
+
+
+def _check_adapter_base(model, base) -> None:
+    if base is None or not Path(base).is_dir():
+        raise ValueError("model.lora.export=adapter needs model.name to be a local model "
+                         f"directory (the weights the adapter applies to), got {base!r}; the "
+                         "weights of a preset exist only inside the run: use export: merged")
+    from transformers import AutoConfig
+
+    base_vocab = AutoConfig.from_pretrained(base, local_files_only=True).vocab_size
+    vocab = model.get_input_embeddings().num_embeddings
+    if vocab > base_vocab:
+        raise ValueError(f"model.lora.export=adapter: the tokenizer needs {vocab} embeddings but "
+                         f"the base model {base} has {base_vocab}; the resized rows are not part "
+                         "of an adapter: use export: merged")
+
+
+def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """Fold every LoRA adapter into its base layer and put the base layer back (in place)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge(safe_merge=True)
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr,
+                    module.get_base_layer())
+    return model
+
+
+def save_lora_export(directory: str | os.PathLike, fresh: torch.nn.Module,
+                     state: Mapping[str, torch.Tensor], options: Mapping,
+                     base: str | os.PathLike | None = None) -> None:
+    """Write ``RUN/final`` from the trained full ``state`` loaded into ``fresh``: a model
+    built like the trained one (same architecture, LoRA injected by :func:`apply_lora`)."""
+    options = lora_options(dict(options))
+    fresh.load_state_dict(dict(state))
+    directory = Path(directory)
+    if options["export"] == "merged":
+        merge_lora(fresh).save_pretrained(directory)
+        return
+    from safetensors.torch import save_file
+
+    peft = _peft()
+    adapter = peft.get_peft_model_state_dict(fresh)
+    directory.mkdir(parents=True, exist_ok=True)
+    # peft's own file layout, so PeftModel.from_pretrained(base, directory) loads it.
+    save_file({f"base_model.model.{k}": v.contiguous() for k, v in adapter.items()},
+              directory / "adapter_model.safetensors")
+    config = _peft_config(options)
+    config.base_model_name_or_path = str(Path(base).resolve())
+    config.save_pretrained(directory)
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def load_adapter_export(path: str | os.PathLike, *, attention: str, device) -> torch.nn.Module:
+    """An ``export: adapter`` directory as a merged model: its base, the adapter, merged."""
+    from transformers import AutoModelForCausalLM
+
+    peft = _peft()
+    path = Path(path)
+    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise ValueError(f"{path / ADAPTER_CONFIG}: base_model_name_or_path {base!r} is not a "
+                         "local model directory; the adapter needs its base model")
+    model = AutoModelForCausalLM.from_pretrained(base, attn_implementation=attention,
+                                                 local_files_only=True)
+    model = peft.PeftModel.from_pretrained(model, path).merge_and_unload()
+    return model.to(device).eval()
