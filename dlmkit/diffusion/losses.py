@@ -79,18 +79,32 @@ def _weighted_ce(logits: torch.Tensor, targets: torch.Tensor, coef: torch.Tensor
     return out
 
 
-def _shifted(target_ids: torch.Tensor, scored_next: torch.Tensor):
+def next_token_scored(scored_next: torch.Tensor, doc_ids=None) -> torch.Tensor:
+    """bool ``[B, L]`` by predicting position: ``i`` is scored when token ``i + 1`` is to be
+    predicted (``scored_next [B, L]``) and, in packed rows (``doc_ids [B, L]``), belongs to
+    the same document as ``i`` — a document's first token is never predicted from the one
+    before it, so packed rows score exactly the pairs of their documents unpacked. The last
+    position predicts nothing. Its sum is a shifted loss's local denominator."""
+    scored_next = scored_next != 0
+    scored = torch.zeros_like(scored_next)
+    scored[:, :-1] = scored_next[:, 1:]
+    if doc_ids is not None:
+        doc = check_same_shape("doc_ids", doc_ids, scored_next, "the masks").to(scored.device)
+        scored[:, :-1] &= doc[:, 1:] == doc[:, :-1]
+    return scored
+
+
+def _shifted(target_ids: torch.Tensor, scored_next: torch.Tensor, doc_ids=None):
     """Next-token targets: position ``i`` predicts ``target_ids[:, i + 1]``.
 
     ``scored_next [B, L]`` says whether *token* ``i`` is to be predicted. Returns
-    ``(targets [B, L], scored [B, L])`` indexed by the predicting position; the last position
-    predicts nothing (its target is a placeholder 0, never scored).
+    ``(targets [B, L], scored [B, L])`` indexed by the predicting position
+    (:func:`next_token_scored`); the last position predicts nothing (its target is a
+    placeholder 0, never scored).
     """
     targets = torch.zeros_like(target_ids)
     targets[:, :-1] = target_ids[:, 1:]
-    scored = torch.zeros_like(scored_next)
-    scored[:, :-1] = scored_next[:, 1:]
-    return targets, scored
+    return targets, next_token_scored(scored_next, doc_ids)
 
 
 def _inverse_p(scored: torch.Tensor, p_mask: torch.Tensor) -> torch.Tensor:
@@ -132,7 +146,8 @@ class HybridLoss(torch.nn.Module):
     * ``D = sum_{noise & supervised} CE(logits) / p  /  num_tokens`` — local default: the
       number of corrupted supervised positions (Nemotron normalises by corrupted tokens);
     * ``A = sum_i CE(causal_logits[:, i], target[:, i + 1]) * loss_mask[:, i + 1]  /
-      num_ar_tokens`` — local default: ``sum(loss_mask[:, 1:])``, the pairs it scores.
+      num_ar_tokens`` — local default: ``sum(loss_mask[:, 1:])``, the pairs it scores; with
+      ``doc_ids`` (packed rows) only pairs inside one document (:func:`next_token_scored`).
 
     ``alpha`` weights the diffusion branch. ``dllm = alpha * D``; ``extras`` holds ``D``
     (``"diffusion"``) and ``A`` (``"ar"``, 0 without ``causal_logits``).
@@ -147,8 +162,8 @@ class HybridLoss(torch.nn.Module):
         self.chunk_size = _check_chunk(chunk_size)
 
     def forward(self, *, logits, target_ids, noise_mask, p_mask, loss_mask, causal_logits=None,
-                num_tokens=None, num_ar_tokens=None) -> LossOutput:
-        """``logits``/``causal_logits [B, L, V]``; the masks ``[B, L]``."""
+                num_tokens=None, num_ar_tokens=None, doc_ids=None) -> LossOutput:
+        """``logits``/``causal_logits [B, L, V]``; the masks and ``doc_ids`` ``[B, L]``."""
         check_ids("target_ids", target_ids)
         check_logits("logits", logits, target_ids)
         check_same_shape("p_mask", p_mask, target_ids, "target_ids")
@@ -163,22 +178,23 @@ class HybridLoss(torch.nn.Module):
             ar = diffusion.new_zeros(())
         else:
             ar = next_token_loss(causal_logits, target_ids, sup, num_tokens=num_ar_tokens,
-                                 chunk_size=self.chunk_size)
+                                 chunk_size=self.chunk_size, doc_ids=doc_ids)
         weighted = self.alpha * diffusion
         return LossOutput(weighted + ar, weighted.detach(),
                           {"diffusion": diffusion.detach(), "ar": ar.detach()})
 
 
 def next_token_loss(logits, target_ids, loss_mask, *, num_tokens=None,
-                    chunk_size: int | None = DEFAULT_CHUNK) -> torch.Tensor:
+                    chunk_size: int | None = DEFAULT_CHUNK, doc_ids=None) -> torch.Tensor:
     """Autoregressive SFT CE (scalar): ``logits [B, L, V]`` at ``i`` predict
-    ``target_ids[:, i + 1]``, scored when that token is supervised (``loss_mask [B, L]``);
-    ``/ num_tokens`` (global pair count), local default ``sum(loss_mask[:, 1:])``, the pairs
-    it scores."""
+    ``target_ids[:, i + 1]``, scored when that token is supervised (``loss_mask [B, L]``)
+    and, with ``doc_ids [B, L]`` (packed rows), in the same document as ``i``;
+    ``/ num_tokens`` (global pair count), local default the pairs it scores
+    (``sum(loss_mask[:, 1:])`` unpacked)."""
     check_ids("target_ids", target_ids)
     check_logits("logits", logits, target_ids)
     check_denominator("num_tokens", num_tokens)
-    targets, scored = _shifted(target_ids, _mask("loss_mask", loss_mask, target_ids))
+    targets, scored = _shifted(target_ids, _mask("loss_mask", loss_mask, target_ids), doc_ids)
     return _weighted_ce(logits, targets, scored / _denominator(num_tokens, scored.sum()),
                         _check_chunk(chunk_size))[0]
 
@@ -230,7 +246,9 @@ class IDLMLoss(torch.nn.Module):
 
     ``logits [B, 2L, V]`` ordered ``[x_t half | x_0 half]``. In each half position ``i``
     predicts ``target_ids[:, i + 1]`` and is scored when ``loss_mask[i + 1] & valid[i + 1]``
-    (so the first response token, predicted from the last prompt position, is scored).
+    (so the first response token, predicted from the last prompt position, is scored); with
+    ``doc_ids [B, L]`` (packed rows) also only when ``i`` and ``i + 1`` are in one document
+    (:func:`next_token_scored`).
     ``CE_noisy``/``CE_clean`` are both divided by ``num_tokens``, else the local number of
     scored positions per half. ``alpha = clean_loss_weight``, or with ``auto_balance``
     ``alpha = stopgrad(CE_noisy / max(CE_clean, 1e-6))`` (I-DLM Eq. 2; this ratio is computed
@@ -250,8 +268,9 @@ class IDLMLoss(torch.nn.Module):
         self.chunk_size = _check_chunk(chunk_size)
 
     def forward(self, *, logits, target_ids, loss_mask, valid_mask=None,
-                num_tokens=None) -> LossOutput:
-        """``logits [B, 2L, V]``; ``target_ids``/``loss_mask``/``valid_mask [B, L]``."""
+                num_tokens=None, doc_ids=None) -> LossOutput:
+        """``logits [B, 2L, V]``; ``target_ids``/``loss_mask``/``valid_mask``/``doc_ids``
+        ``[B, L]``."""
         check_ids("target_ids", target_ids)
         check_local("logits", logits)
         batch, length = target_ids.shape
@@ -264,7 +283,7 @@ class IDLMLoss(torch.nn.Module):
         sup = _mask("loss_mask", loss_mask, target_ids)
         if valid_mask is not None:
             sup = sup & _mask("valid_mask", valid_mask, target_ids)
-        targets, scored = _shifted(target_ids, sup)
+        targets, scored = _shifted(target_ids, sup, doc_ids)
         coef = scored / _denominator(num_tokens, scored.sum())
         half = torch.zeros_like(target_ids)  # group 0: the x_t half, group 1: the x_0 half
         noisy, clean = _weighted_ce(logits, targets.repeat(1, 2), coef.repeat(1, 2),

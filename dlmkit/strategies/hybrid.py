@@ -5,6 +5,7 @@ diffusion logits (noisy half) and next-token logits (clean half); loss ``alpha L
 from __future__ import annotations
 
 from dlmkit.diffusion import HybridLoss, corrupt_blockwise, corrupt_uniform
+from dlmkit.diffusion.losses import next_token_scored
 from dlmkit.masks.hybrid import hybrid
 
 from .twostream import TwoStreamStrategy
@@ -45,7 +46,7 @@ class HybridStrategy(TwoStreamStrategy):
     def counts(self, prepared):
         supervised = prepared["loss_mask"] != 0
         return {"num_tokens": (prepared["noise_mask"] & supervised).sum(),
-                "num_ar_tokens": supervised[:, 1:].sum()}
+                "num_ar_tokens": next_token_scored(supervised, prepared["doc_ids"]).sum()}
 
     def loss(self, model, prepared, denominators):
         length = prepared["target_ids"].shape[1]
@@ -55,4 +56,5 @@ class HybridStrategy(TwoStreamStrategy):
                             target_ids=prepared["target_ids"], noise_mask=prepared["noise_mask"],
                             p_mask=prepared["p_mask"], loss_mask=prepared["loss_mask"],
                             num_tokens=denominators["num_tokens"],
-                            num_ar_tokens=denominators["num_ar_tokens"])
+                            num_ar_tokens=denominators["num_ar_tokens"],
+                            doc_ids=prepared["doc_ids"])

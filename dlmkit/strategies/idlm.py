@@ -4,6 +4,7 @@ shifted CE on both halves, the clean half weighted by a fixed or auto-balanced `
 from __future__ import annotations
 
 from dlmkit.diffusion import IDLMLoss, corrupt_all_masked
+from dlmkit.diffusion.losses import next_token_scored
 from dlmkit.masks import idlm
 
 from .twostream import TwoStreamStrategy
@@ -28,11 +29,11 @@ class IDLMStrategy(TwoStreamStrategy):
 
     def counts(self, prepared):
         scored_next = (prepared["loss_mask"] != 0) & (prepared["valid"] != 0)
-        return {"num_tokens": scored_next[:, 1:].sum()}
+        return {"num_tokens": next_token_scored(scored_next, prepared["doc_ids"]).sum()}
 
     def loss(self, model, prepared, denominators):
         logits = self.logits(model, prepared["input_ids"], prepared["mask"],
                              prepared["position_ids"])
         return self.loss_fn(logits=logits, target_ids=prepared["target_ids"],
                             loss_mask=prepared["loss_mask"], valid_mask=prepared["valid"],
-                            num_tokens=denominators["num_tokens"])
+                            num_tokens=denominators["num_tokens"], doc_ids=prepared["doc_ids"])

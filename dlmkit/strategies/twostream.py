@@ -36,6 +36,8 @@ class TwoStreamStrategy(Strategy):
             lambda: factory(length, self.config["block_size"], valid,
                             doc_ids=doc_ids_of(batch), device=ids.device))
         positions = batch["position_ids"]
+        # doc_ids (packed rows only): the shifted losses score no pair across documents.
         return {"input_ids": torch.cat([noisy, ids], 1), "mask": mask,
                 "position_ids": torch.cat([positions, positions], 1), "target_ids": ids,
-                "loss_mask": batch["loss_mask"], "valid": valid}
+                "loss_mask": batch["loss_mask"], "valid": valid,
+                "doc_ids": batch["doc_ids"] if doc_ids_of(batch) is not None else None}
