@@ -19,9 +19,9 @@ class BD3LMStrategy(TwoStreamStrategy):
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
-        noisy, noise_mask, p_mask = corrupt_uniform(
-            batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=self.config["eps"],
-            block_size=self.config["block_size"], generator=generators)
+        noisy, noise_mask, p_mask = self.corrupt(
+            corrupt_uniform, batch, generators, self.mask_token_id, eps=self.config["eps"],
+            block_size=self.config["block_size"])
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
 
     def counts(self, prepared):
