@@ -85,6 +85,9 @@ def _check_exported(args) -> None:
 
 
 def _check_block_size(args, loaded, config) -> None:
+    if args.block_size is not None and config.sampler == "hybrid" and config.mode == "ar":
+        raise SystemExit("error: --block-size is not used by the hybrid sampler in --mode ar "
+                         "(it decodes token by token on the clean causal stream); omit it")
     trained = loaded.meta.get("block_size")
     if (args.block_size is not None and trained and args.block_size != trained
             and config.sampler in TRAINED_BLOCK_SAMPLERS and config.mode == "diffusion"):

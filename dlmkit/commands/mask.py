@@ -21,7 +21,8 @@ def add_parser(subparsers) -> None:
                     "(for [x_t | x_0] layouts, L per stream), --block-size its structural block "
                     "(diffusion block, window, chunk...).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    show.add_argument("name", help="mask name (see `dlmkit mask list`)")
+    show.add_argument("name", help="mask name (see `dlmkit mask list`); a factory name such as "
+                                    "`sta` draws its first example")
     show.add_argument("--seq-len", type=int, default=16, help="sequence length")
     show.add_argument("--block-size", type=int, default=4, help="structural block size")
     show.add_argument("-o", "--output", help="write a PNG here instead of drawing in the terminal")
@@ -60,14 +61,31 @@ def run_list(args) -> int:
     return 0
 
 
+def resolve_name(name: str) -> str:
+    """An example name; a factory name (``sta``, ``document``: what the README and
+    ``dlmkit.masks`` call a mask) stands for its first example, and the others are named."""
+    from dlmkit.masks.catalog import examples
+
+    known = examples()
+    if name in known:
+        return name
+    related = [n for n in known if n.startswith(name + "_")]
+    if not related:
+        return name  # example() names the valid ones
+    if len(related) > 1:
+        print(f"{name}: drawing example {related[0]} (others: {', '.join(related[1:])})")
+    return related[0]
+
+
 def run_show(args) -> int:
     from dlmkit.masks.catalog import example
 
     _positive("--seq-len", args.seq_len)
     _positive("--block-size", args.block_size)
     _positive("--tile", args.tile)
+    name = resolve_name(args.name)
     try:
-        mask = example(args.name, args.seq_len, args.block_size)
+        mask = example(name, args.seq_len, args.block_size)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     tiles = mask.tile_map(args.tile)
