@@ -63,7 +63,7 @@ def run(args) -> int:
         summarize,
     )
 
-    from .generate import load_and_configure
+    from .generate import _print_speculative, load_and_configure
 
     if args.n < 1:
         raise SystemExit(f"error: -n must be >= 1, got {args.n}")
@@ -105,6 +105,7 @@ def run(args) -> int:
     print(f"{source}  n: {len(rows)}  sampler: {config.sampler}")
     print(f"forwards: {totals.forwards}  tokens/forward: {totals.tokens_per_forward:.2f}  "
           f"tokens/s: {totals.tokens_per_second:.1f}")
+    _print_speculative(loaded.model)
     for line in format_summary(summarize(rows)):
         print(line)
     return 0

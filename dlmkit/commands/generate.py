@@ -21,6 +21,10 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     from dlmkit.generate import REMASKING, SAMPLERS
 
     parser.add_argument("--model", required=True, help="exported model directory (RUN/final)")
+    parser.add_argument("--draft", metavar="DRAFTER",
+                        help="DFlash drafter export (RUN/final of strategy dflash): speculative "
+                             "decoding of --model, the target (sampler dflash; greedy output "
+                             "equals the target's own)")
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--attention", default="sdpa",
                         choices=("sdpa", "flex_attention", "eager"), help="attention backend")
@@ -114,6 +118,10 @@ def load_and_configure(args, **extra):
     _check_exported(args)
     try:
         loaded = load(args.model, device=args.device, attention=args.attention)
+        if args.draft is not None:
+            from dlmkit.generate.speculative import attach_draft
+
+            loaded = attach_draft(loaded, args.draft, device=args.device)
         config = loaded.config(args.sampler, **sampler_options(args), **extra)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
@@ -214,4 +222,13 @@ def run(args) -> int:
           f"tokens/forward: {generated / max(row_forwards, 1):.2f} (per sequence)  "
           f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=sys.stderr if args.json
           else sys.stdout)
+    _print_speculative(loaded.model, sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _print_speculative(model, file=sys.stdout) -> None:
+    from dlmkit.generate.speculative import summary
+
+    line = summary(model)
+    if line:
+        print(line, file=file)

@@ -14,6 +14,7 @@ sampler       family / layout it decodes                       module
               (block diffusion) or ``mode=ar`` (clean stream)
 ``idlm``      I-DLM introspective strided decoding             :mod:`.idlm`
 ``ar``        plain autoregressive decoding (any causal LM)    :mod:`.stream`
+``dflash``    speculative: DFlash drafter + target verifier     :mod:`.speculative`
 ============  ==============================================  ============================
 """
 
@@ -36,6 +37,7 @@ from .idlm import sample_isd
 from .masked import infill_masked, sample_masked
 from .runner import Runner
 from .scdd import sample_scdd
+from .speculative import decode_dflash
 from .stream import sample_ar
 
 META_FILE = "dlmkit.json"
@@ -207,7 +209,7 @@ def _decode_ar(runner, encoded, cfg, **kw):
 # Sampler name -> ``decode(runner, encoded prompts, resolved config, *, stop_ids, generator,
 # mask_id, pad_id) -> list of token-id rows`` (the generated part, before stripping).
 DECODERS = {"mdlm": _decode_mdlm, "scdd": _decode_scdd, "bd3lm": _decode_blocks,
-            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar}
+            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar, "dflash": decode_dflash}
 
 
 def strategy_samplers() -> dict[str, str]:

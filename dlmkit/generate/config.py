@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .primitives import REMASKING
 
-SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar")
+SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar", "dflash")
 HYBRID_MODES = ("diffusion", "ar")
 
 _COMMON = {"max_new_tokens", "temperature", "seed"}
@@ -28,6 +28,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak"}),
     "idlm": frozenset(_COMMON | {"block_size"}),
     "ar": frozenset(_COMMON),
+    # speculative decoding: target + DFlash drafter; block_size caps the drafted block
+    "dflash": frozenset(_COMMON | {"block_size"}),
 }
 
 
@@ -121,7 +123,7 @@ class SamplerConfig:
             if steps < blocks:
                 raise ValueError(f"steps={steps} must be >= the number of blocks ({blocks} = "
                                  f"max_new_tokens / block_size) for the mdlm sampler")
-        elif s in ("bd3lm", "hybrid", "idlm") and block is None and not (
+        elif s in ("bd3lm", "hybrid", "idlm", "dflash") and block is None and not (
                 s == "hybrid" and self.mode == "ar"):
             raise ValueError(f"sampler {s!r} needs block_size (the trained block size; it is "
                              "read from the model's dlmkit.json when there is one)")

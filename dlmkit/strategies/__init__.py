@@ -6,6 +6,7 @@ from .ar import ARStrategy
 from .base import Strategy
 from .bd3lm import BD3LMStrategy
 from .block_diffusion import BlockDiffusionStrategy
+from .dflash import DFlashStrategy
 from .hybrid import HybridStrategy
 from .idlm import IDLMStrategy
 from .mdlm import MDLMStrategy
@@ -13,7 +14,7 @@ from .scdd import SCDDStrategy
 
 _REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (MDLMStrategy, SCDDStrategy, HybridStrategy, IDLMStrategy,
-                              BD3LMStrategy, ARStrategy, BlockDiffusionStrategy)
+                              BD3LMStrategy, ARStrategy, DFlashStrategy, BlockDiffusionStrategy)
 }
 
 

@@ -119,6 +119,11 @@ class Strategy:
     def loss(self, model, prepared: dict, denominators: dict):
         raise NotImplementedError
 
+    def metrics(self, extras: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Train-log fields from the loss ``extras`` of one step, each summed over
+        micro-batches and ranks (default: none)."""
+        return {}
+
     # -- shared helpers ----------------------------------------------------------------------
     def cached_mask(self, key: tuple, build):
         """Masks are reused while the layout (lengths, padding) repeats."""

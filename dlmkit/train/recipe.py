@@ -108,9 +108,10 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 def accumulate_gradients(step, model, strategy, dataset, collator, sampler, config,
-                         world: World) -> tuple[float, int]:
+                         world: World, extras: dict | None = None) -> tuple[float, int]:
     """Forward and backward over this rank's micro-batches of ``step``; leaves the whole-batch
-    gradient in ``.grad``. Returns (global loss, tokens fed on this rank)."""
+    gradient in ``.grad``. Returns (global loss, tokens fed on this rank); ``extras``, when
+    given, receives the loss extras summed over micro-batches and ranks."""
     seed = config["seed"]
     prepared = []
     for indices, repeats in zip(sampler.micro_batches(step), sampler.micro_batch_repeats(step)):
@@ -147,15 +148,26 @@ def accumulate_gradients(step, model, strategy, dataset, collator, sampler, conf
             (out.total * world.world_size).backward()
         loss_sum += out.total.detach().double().cpu()
         tokens += int(p["input_ids"].numel())
+        if extras is not None:
+            for name, value in out.extras.items():
+                value = value.detach().double().cpu()
+                extras[name] = extras[name] + value if name in extras else value
     loss = float(all_reduce_sum(loss_sum.to(world.device), world))
+    if extras:  # one collective for all of them (every rank has the same names)
+        names = sorted(extras)
+        flat = torch.cat([extras[n].reshape(-1) for n in names])
+        flat = all_reduce_sum(flat.to(world.device), world).cpu()
+        for n, part in zip(names, flat.split([extras[n].numel() for n in names])):
+            extras[n] = part.reshape(extras[n].shape)
     return loss, tokens
 
 
 def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, sampler,
                config, world: World) -> dict:
     """One optimizer step over this rank's micro-batches; returns its metrics."""
+    extras: dict = {}
     loss, tokens = accumulate_gradients(step, model, strategy, dataset, collator, sampler,
-                                        config, world)
+                                        config, world, extras)
     if not math.isfinite(loss):
         raise FloatingPointError(f"step {step}: loss is {loss}; stopping (check lr and data)")
     max_norm = config["train"]["max_grad_norm"]
@@ -164,7 +176,8 @@ def train_step(step, model, optimizer, scheduler, strategy, dataset, collator, s
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss, "grad_norm": grad_norm, "tokens": tokens * world.world_size}
+    return {"loss": loss, "grad_norm": grad_norm, "tokens": tokens * world.world_size,
+            "metrics": strategy.metrics(extras)}
 
 
 @torch.no_grad()
@@ -460,7 +473,7 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             record = {"split": "train", "step": done, "loss": stats["loss"],
                       "grad_norm": stats["grad_norm"], "lr": scheduler.get_last_lr()[0],
                       "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                      "epoch": sampler.epoch_of(done)}
+                      "epoch": sampler.epoch_of(done), **stats["metrics"]}
             metrics.write(record)
             window_tokens, window_start = 0, time.perf_counter()
             progress.logged(done, record)

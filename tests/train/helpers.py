@@ -26,10 +26,39 @@ TINY = [
 ]
 
 
+_TARGETS: dict[str, Path] = {}
+
+
+def tiny_target(hidden_size: int = 64, num_layers: int = 3) -> Path:
+    """A randomly initialised tiny causal LM directory (byte tokenizer vocabulary), made once
+    per process: the frozen target a ``dflash`` run drafts for."""
+    import tempfile
+
+    key = f"{hidden_size}x{num_layers}"
+    if key not in _TARGETS:
+        import torch
+
+        from dlmkit.data import load_tokenizer
+        from dlmkit.models import build_model
+
+        path = Path(tempfile.mkdtemp(prefix="dlmkit-target-")) / key
+        tokenizer = load_tokenizer("byte")
+        torch.manual_seed(1234)
+        model = build_model("tiny-llama", tokenizer.vocab_size, attention="sdpa",
+                            overrides={"hidden_size": hidden_size, "num_hidden_layers": num_layers,
+                                       "intermediate_size": 2 * hidden_size})
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        _TARGETS[key] = path
+    return _TARGETS[key]
+
+
 def overrides(*extra: str, strategy: str = "mdlm") -> list[str]:
     opts = [f"strategy.name={strategy}"]
-    if strategy in ("bd3lm", "hybrid", "idlm"):
+    if strategy in ("bd3lm", "hybrid", "idlm", "dflash"):
         opts.append("strategy.block_size=4")
+    if strategy == "dflash":  # a drafter needs a frozen target (the TINY hidden size, 64)
+        opts += [f"strategy.target={tiny_target()}", "strategy.num_blocks_per_sample=3"]
     return TINY + opts + list(extra)
 
 

@@ -47,7 +47,7 @@ def gradients(cfg: dict) -> tuple[float, dict[str, torch.Tensor]]:
     return loss, {n: p.grad.clone() for n, p in c.model.named_parameters()}
 
 
-@pytest.mark.parametrize("name", ["mdlm", "hybrid", "idlm", "ar"])
+@pytest.mark.parametrize("name", ["mdlm", "hybrid", "idlm", "ar", "dflash"])
 def test_gradient_accumulation_invariance(name):
     """2 micro-batches of 4 == 1 micro-batch of 8: same loss and gradients (global
     denominators, per-sample noise)."""
