@@ -209,7 +209,8 @@ def _decode_ar(runner, encoded, cfg, **kw):
 # Sampler name -> ``decode(runner, encoded prompts, resolved config, *, stop_ids, generator,
 # mask_id, pad_id) -> list of token-id rows`` (the generated part, before stripping).
 DECODERS = {"mdlm": _decode_mdlm, "scdd": _decode_scdd, "bd3lm": _decode_blocks,
-            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar, "dflash": decode_dflash}
+            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar,
+            "dflash": decode_dflash}
 
 
 def strategy_samplers() -> dict[str, str]:
