@@ -34,6 +34,15 @@ def test_packed_gradient_does_not_depend_on_packing_or_micro_batch_size(name):
         assert_same_gradients(loss, grads, ref_loss, ref, f"{name}, micro-batch {micro}")
 
 
+def test_packed_gradient_without_block_alignment_does_not_depend_on_micro_batch_size():
+    # data.block_align=false: documents start mid-block; noise blocks follow each document's
+    # own blocks (as the mask's do), so the split still does not matter.
+    unaligned = [*PACK, "data.block_align=false"]
+    ref_loss, ref = gradients(config(*unaligned, "train.micro_batch_size=8", strategy="bd3lm"))
+    loss, grads = gradients(config(*unaligned, "train.micro_batch_size=2", strategy="bd3lm"))
+    assert_same_gradients(loss, grads, ref_loss, ref, "bd3lm, block_align=false")
+
+
 def test_packing_puts_several_documents_in_a_row():
     """The invariance test above means something only if rows really hold several samples."""
     from dlmkit.train.recipe import build_components
