@@ -19,7 +19,7 @@ SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar", "dflash")
 HYBRID_MODES = ("diffusion", "ar")
 
 _COMMON = {"max_new_tokens", "temperature", "seed"}
-_DIFFUSION = _COMMON | {"steps", "block_size", "remasking", "threshold", "use_cache"}
+_DIFFUSION = _COMMON | {"steps", "block_size", "remasking", "threshold", "factor", "cache"}
 # Options each sampler accepts (besides ``sampler``).
 OPTIONS: dict[str, frozenset[str]] = {
     "mdlm": frozenset(_DIFFUSION),
@@ -31,6 +31,10 @@ OPTIONS: dict[str, frozenset[str]] = {
     # speculative decoding: target + DFlash drafter; block_size caps the drafted block
     "dflash": frozenset(_COMMON | {"block_size"}),
 }
+# KV cache kinds each sampler supports (``cache`` option). Only the block samplers' cache is
+# exact; the masked sampler's are Fast-dLLM's approximations (see :mod:`dlmkit.generate.masked`).
+CACHES: dict[str, tuple[str, ...]] = {"mdlm": ("none", "prefix", "dual"),
+                                      "bd3lm": ("none", "prefix"), "hybrid": ("none", "prefix")}
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,15 @@ class SamplerConfig:
         remasking: which proposals to commit first: ``low_confidence``, ``random``,
             ``margin`` or ``entropy``.
         threshold: confidence-threshold parallel decoding: each step commits every proposal
-            with confidence >= threshold (and at least its scheduled count).
-        use_cache: KV cache. bd3lm/hybrid: exact (the clean blocks' keys/values); mdlm: the
-            Fast-dLLM prefix cache, an approximation (see :mod:`dlmkit.generate.masked`).
+            with confidence >= threshold (and at least its scheduled count), in (0, 1].
+        factor: Fast-dLLM's factor rule instead (> 0): each step commits the ``n`` most
+            confident proposals while ``(r + 1) (1 - c_r) < factor`` for their ranks ``r``
+            (:func:`~dlmkit.generate.primitives.select_transfers`). Without either rule a step
+            commits its scheduled share (``steps`` sets the budget); every step commits >= 1.
+        cache: KV cache kind (:data:`CACHES`). bd3lm/hybrid: ``prefix``, **exact** (the
+            clean blocks' keys/values); mdlm: ``prefix`` (Fast-dLLM prefix cache) or ``dual``
+            (DualCache: prefix and suffix, only the current block recomputed), both
+            **approximations** (see :mod:`dlmkit.generate.masked`). ``none``: no cache.
         mode: hybrid only, ``diffusion`` (block diffusion) or ``ar`` (the clean causal stream).
         seed: seeds the sampler's own ``torch.Generator``.
         max_ratio, gamma_shape, t_peak: SCDD schedule (must match training).
@@ -63,7 +73,8 @@ class SamplerConfig:
     temperature: float = 0.0
     remasking: str = "low_confidence"
     threshold: float | None = None
-    use_cache: bool = False
+    factor: float | None = None
+    cache: str = "none"
     mode: str = "diffusion"
     seed: int = 0
     max_ratio: float = 0.1
@@ -108,6 +119,18 @@ class SamplerConfig:
             if self.remasking == "random":
                 raise ValueError("threshold needs a model confidence; remasking='random' has "
                                  "none (use low_confidence, margin or entropy)")
+        if self.factor is not None:
+            if (isinstance(self.factor, bool) or not isinstance(self.factor, (int, float))
+                    or not 0.0 < self.factor < math.inf):
+                raise ValueError(f"factor must be a finite number > 0, got {self.factor!r}")
+            if self.threshold is not None:
+                raise ValueError("threshold and factor are two parallel commit rules; set one")
+            if self.remasking == "random":
+                raise ValueError("factor needs a model confidence; remasking='random' has "
+                                 "none (use low_confidence, margin or entropy)")
+        if "cache" in OPTIONS[s] and self.cache not in CACHES[s]:
+            raise ValueError(f"cache must be one of {CACHES[s]} for the {s} sampler, got "
+                             f"{self.cache!r}")
         if self.mode not in HYBRID_MODES:
             raise ValueError(f"mode must be one of {HYBRID_MODES}, got {self.mode!r}")
         _int("seed", self.seed, 0)
@@ -117,8 +140,10 @@ class SamplerConfig:
         if s == "mdlm":
             block = self.max_new_tokens if block is None else block
             if self.max_new_tokens % block:
+                valid = [d for d in range(1, self.max_new_tokens + 1)
+                         if self.max_new_tokens % d == 0]
                 raise ValueError(f"block_size={block} must divide max_new_tokens="
-                                 f"{self.max_new_tokens} for the mdlm sampler")
+                                 f"{self.max_new_tokens} for the mdlm sampler (valid: {valid})")
             blocks = self.max_new_tokens // block
             if steps < blocks:
                 raise ValueError(f"steps={steps} must be >= the number of blocks ({blocks} = "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .config import ConfigError
 
+# Another rank's write probe may sit in the directory while this one looks at it.
+_PROBE = ".dlmkit-write-test-"
 # What a dlmkit run directory holds (see the README); one of them marks a directory as a run.
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "final")
 
@@ -39,7 +41,7 @@ def check_writable(run_dir: Path) -> None:
         raise ConfigError(f"output directory {run_dir} cannot be created: {base} is a file, not "
                           "a directory; pick another --output-dir")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".dlmkit-write-test-", dir=base)
+        fd, probe = tempfile.mkstemp(prefix=_PROBE, dir=base)
     except OSError as err:
         why = err.strerror or type(err).__name__
         raise ConfigError(f"output directory {run_dir} cannot be written: {base} is not "
@@ -52,7 +54,7 @@ def check_new_run_dir(run_dir: Path, *, overwrite: bool) -> None:
     """A new run may use ``run_dir``: it is writable, and empty unless ``overwrite``."""
     run_dir = Path(run_dir)
     check_writable(run_dir)
-    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+    if not run_dir.is_dir() or not any(not p.name.startswith(_PROBE) for p in run_dir.iterdir()):
         return
     held = [m for m in RUN_MARKERS if (run_dir / m).exists()]
     if not held:

@@ -45,6 +45,32 @@ def test_ctrl_c_prints_two_lines_with_the_step_and_the_resume_command(tmp_path):
     assert len(losses(run_dir)) == saved + 1
 
 
+def test_progress_off_a_terminal_is_plain_lines(capsys):
+    import io
+
+    from dlmkit.train.progress import Progress
+
+    log = io.StringIO()  # not a TTY
+    progress = Progress(enabled=True, show_steps=True, total=4, initial=0, desc="train x",
+                        stream=log)
+    for done in range(1, 5):
+        if done % 2 == 0:
+            progress.logged(done, {"loss": 1.5, "lr": 1e-3, "tokens_per_s": 100.0})
+        progress.advance()
+    progress.message("step 4: validation loss 1.2000")
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 2
+    assert lines[0].startswith("train x: step 2/4  loss 1.5000  lr 1.00e-03  tokens/s 100")
+    assert capsys.readouterr().out == "step 4: validation loss 1.2000\n"
+    hidden = Progress(enabled=True, show_steps=False, total=4, initial=0, desc="x", stream=log)
+    hidden.logged(2, {"loss": 1.0, "lr": 1.0, "tokens_per_s": 1.0})
+    hidden.message("step 2: validation loss 1.0000")  # train.progress=false keeps these
+    assert capsys.readouterr().out == "step 2: validation loss 1.0000\n"
+    assert len(log.getvalue().splitlines()) == 2
+
+
+@pytest.mark.slow  # a training subprocess writing to a log file: ~15-20 s on 2 busy cores
 def test_log_file_gets_plain_lines(tmp_path):
     log = tmp_path / "train.log"
     e = env()
