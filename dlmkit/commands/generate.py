@@ -11,8 +11,8 @@ from pathlib import Path
 # sampler does not use is reported instead of ignored.
 SAMPLER_FLAGS = {
     "max_new_tokens": int, "steps": int, "block_size": int, "temperature": float,
-    "remasking": str, "threshold": float, "mode": str, "seed": int, "max_ratio": float,
-    "gamma_shape": float, "t_peak": float,
+    "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
+    "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
 }
 
 
@@ -51,8 +51,12 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                        help="commit order (default: low_confidence)")
     group.add_argument("--threshold", type=float,
                        help="confidence-threshold parallel decoding, in (0, 1]")
-    group.add_argument("--cache", dest="use_cache", action="store_true", default=None,
-                       help="KV cache (exact for bd3lm/hybrid; approximate prefix cache for mdlm)")
+    group.add_argument("--factor", type=float,
+                       help="Fast-dLLM factor-rule parallel decoding (> 0; instead of "
+                            "--threshold)")
+    group.add_argument("--cache", nargs="?", const="prefix", choices=("none", "prefix", "dual"),
+                       help="KV cache kind (bare --cache: prefix). bd3lm/hybrid: prefix, exact; "
+                            "mdlm: prefix or dual (Fast-dLLM DualCache), both approximate")
     group.add_argument("--mode", choices=("diffusion", "ar"), help="hybrid: decoding mode")
     group.add_argument("--seed", type=int, help="sampler seed (default: 0)")
     group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
@@ -103,10 +107,7 @@ def _check_block_size(args, loaded, config) -> None:
 
 
 def sampler_options(args) -> dict:
-    options = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k) is not None}
-    if args.use_cache is not None:
-        options["use_cache"] = True
-    return options
+    return {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k) is not None}
 
 
 def load_and_configure(args, **extra):

@@ -13,7 +13,7 @@ whole number of blocks (row ``b`` by ``(K - k_b) * S`` columns, ``k_b = P_b // S
 prompt blocks), so every row's current block sits in the same columns and column-space block
 ids differ from position-space ones by a per-row constant: one rule serves the whole batch.
 
-KV cache (``use_cache``), **exact**: a clean block's keys/values depend only on clean blocks
+KV cache (``cache="prefix"``), **exact**: a clean block's keys/values depend only on clean blocks
 at or before it, so they are computed once. The first forward of block ``j`` also runs clean
 block ``j - 1`` (queries ``[clean block | noisy block]`` over ``[cache | both]``), so committing
 costs no extra forward; the noisy block's entries are cropped after every forward. Without the
@@ -82,7 +82,7 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
         pending = ((region == mask_id) & (index < stop.unsqueeze(1))).any(1)
         active.copy_(active & pending)
 
-    cache = runner.new_cache() if cfg.use_cache else None
+    cache = runner.new_cache() if cfg.cache == "prefix" else None
     cached = 0  # columns whose clean keys/values are in the cache
     steps = cfg.block_steps()
     for block in range(num_blocks):

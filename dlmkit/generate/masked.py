@@ -5,18 +5,26 @@ The canvas is ``[left-padded prompts | max_new_tokens MASK]`` (see :mod:`.runner
 ``block_size`` tile the generated region left to right; each block gets its share of
 ``steps``. Every step predicts all masked positions of the block (MASK logit excluded),
 scores the proposals (``remasking``) and commits the scheduled count of the most confident ones
-(with ``threshold``: every proposal above it, and never fewer than the schedule, so a block
-always finishes within its steps and no mask is ever stranded). A row stops when a stop token
-is committed with nothing masked before it; the whole batch stops when every row has.
+(with ``threshold`` or ``factor``: every proposal the rule accepts, never fewer than the
+schedule and never none, so a block always finishes within its steps and no mask is ever
+stranded). A row stops when a stop token is committed with nothing masked before it; the whole
+batch stops when every row has.
 
-Prefix KV cache (``use_cache``), an **approximation**: bidirectional attention lets the prompt
-and earlier blocks attend the tokens still being decoded, so their keys/values change as the
-block fills. As in Fast-dLLM, the first step of each block runs the whole canvas and keeps the
-keys/values of everything before the block; the block's other steps run only
-``canvas[block start:]`` against that cache. Exact only in the limit where the prefix's
-representations do not depend on the suffix; the output can differ from the uncached one.
-(The block-diffusion samplers' cache *is* exact: their training mask never lets a clean block
-see later ones.)
+KV caches (``cache``), both **approximations** (Fast-dLLM's): bidirectional attention lets
+every token attend the tokens still being decoded, so the keys/values of the rest of the canvas
+change as a block fills. Both refresh once per block: the block's first step runs the whole
+canvas and keeps keys/values, its other steps reuse them.
+
+* ``prefix``: keeps everything before the block; the other steps run ``canvas[block start:]``
+  (the block and the still-masked suffix) against it.
+* ``dual`` (DualCache): also keeps the suffix after the block; the other steps run only the
+  block's ``block_size`` tokens, against ``[prefix | suffix]`` keys (a key's position is in its
+  rotary embedding, so the cache order does not matter, only the mask's key-to-column map).
+
+Exact only in the limit where the cached representations do not depend on the tokens committed
+since the refresh; the output can differ from the uncached decode (``bench/sampling.py``
+measures by how much). The block-diffusion samplers' cache *is* exact: their training mask
+never lets a clean block see later ones.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from dlmkit.masks.bidirectional import bidirectional
 
 from .config import SamplerConfig
 from .primitives import confidence, sample_tokens, scheduled_count, select_transfers
-from .runner import Runner, first_stop, left_pad, positions, rule_mask
+from .runner import Runner, drop_cached, first_stop, left_pad, positions, rule_mask
 
 
 def split_steps(steps: int, parts: int) -> list[int]:
@@ -65,7 +73,7 @@ def commit_step(x: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
     tokens, scores = propose(logits[rows], cfg, mask_id, rng.select(generator, rows))
     wanted = candidates[rows]
     count = scheduled_count(wanted.sum(1), steps_left)
-    picked = select_transfers(scores, wanted, count, cfg.threshold)
+    picked = select_transfers(scores, wanted, count, cfg.threshold, cfg.factor)
     chosen[rows] = picked
     x[rows] = torch.where(picked, tokens, x[rows])
     return chosen
@@ -80,7 +88,8 @@ class _Canvas:
         self.mask = bidirectional(x.shape[1], valid, device=x.device)
 
     def suffix_mask(self, start: int):
-        """Rows ``[start, L)`` of the canvas mask, over all ``L`` keys (the cached step)."""
+        """Rows ``[start, L)`` of the canvas mask, over all ``L`` keys (the prefix-cached
+        step)."""
         valid, length = self.valid, self.x.shape[1]
 
         def rule(b, q, kv):
@@ -89,28 +98,49 @@ class _Canvas:
         return rule_mask(rule, length - start, length, valid.shape[0], f"suffix_{start}",
                          self.x.device)
 
+    def block_mask(self, lo: int, hi: int):
+        """Rows ``[lo, hi)`` of the canvas mask over the dual cache's key order: columns
+        ``[0, lo)``, then ``[hi, L)`` (cached), then ``[lo, hi)`` (the block, appended)."""
+        valid, length = self.valid, self.x.shape[1]
+        column = torch.cat([torch.arange(lo), torch.arange(hi, length),
+                            torch.arange(lo, hi)]).to(self.x.device)
+
+        def rule(b, q, kv):
+            col = column[kv]
+            return (valid[b, col] > 0) | (q + lo == col)
+
+        return rule_mask(rule, hi - lo, length, valid.shape[0], f"dual_{lo}_{hi}",
+                         self.x.device)
+
 
 def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int,
                    cfg: SamplerConfig, mask_id: int, generator: Generators,
                    active: torch.Tensor, after_step=None) -> None:
     """Decode the masks of columns ``[lo, hi)`` in rows ``active`` within ``steps`` steps."""
-    x = canvas.x
-    cache = None
+    x, length = canvas.x, canvas.x.shape[1]
+    cache = step_mask = None
     for step in range(steps):
         candidates = (x[:, lo:hi] == mask_id) & active.unsqueeze(1)
         if not bool(candidates.any()):
             return
         rows = int(candidates.any(1).sum())
-        if cfg.use_cache and cache is not None:
-            logits = runner(x[:, lo:], canvas.suffix_mask(lo), canvas.pos[:, lo:], cache, rows)
-            cache.crop(-(x.shape[1] - lo))
-            logits = logits[:, : hi - lo]
-        elif cfg.use_cache:
+        if cfg.cache == "none":
+            logits = runner(x, canvas.mask, canvas.pos, rows=rows)[:, lo:hi]
+        elif cache is None:  # the block's first step refreshes the cache
             cache = runner.new_cache()
             logits = runner(x, canvas.mask, canvas.pos, cache, rows)[:, lo:hi]
-            cache.crop(-(x.shape[1] - lo))
-        else:
-            logits = runner(x, canvas.mask, canvas.pos, rows=rows)[:, lo:hi]
+            if cfg.cache == "prefix":
+                cache.crop(-(length - lo))
+                step_mask = canvas.suffix_mask(lo)
+            else:
+                drop_cached(cache, lo, hi)
+                step_mask = canvas.block_mask(lo, hi)
+        elif cfg.cache == "prefix":
+            logits = runner(x[:, lo:], step_mask, canvas.pos[:, lo:], cache, rows)[:, :hi - lo]
+            cache.crop(-(length - lo))
+        else:  # dual: only the block runs, against [prefix | suffix]
+            logits = runner(x[:, lo:hi], step_mask, canvas.pos[:, lo:hi], cache, rows)
+            cache.crop(-(hi - lo))
         window = x[:, lo:hi].clone()
         commit_step(window, logits, candidates, steps - step, cfg, mask_id, generator)
         x[:, lo:hi] = window

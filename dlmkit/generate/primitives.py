@@ -8,8 +8,9 @@
 * :func:`scheduled_count` — LLaDA's linear schedule (``M`` masks over ``n`` steps: ``M // n``
   per step, one extra in the first ``M % n`` steps), computed from what is left.
 * :func:`select_transfers` — which masked positions to commit this step: the ``k`` most
-  confident (top-k), or with a threshold every position above it, *at least* ``k`` (so a
-  threshold can only speed a block up and never leaves masks behind when its steps run out).
+  confident (top-k, the fixed budget), and with a threshold or a factor rule every position
+  the rule accepts, *at least* ``k`` and at least one (so a parallel rule can only speed a
+  block up and never leaves masks behind when its steps run out).
 
 All randomness comes from the ``generator`` passed in — one ``torch.Generator``, or one per
 row (:mod:`dlmkit.diffusion.rng`: row ``b`` draws only from ``generator[b]``, which is what
@@ -81,25 +82,38 @@ def scheduled_count(remaining: torch.Tensor, steps_left: int) -> torch.Tensor:
 
 
 def select_transfers(scores: torch.Tensor, candidates: torch.Tensor, count: torch.Tensor,
-                     threshold: float | None = None) -> torch.Tensor:
-    """bool ``[B, W]``: the positions to commit this step.
+                     threshold: float | None = None,
+                     factor: float | None = None) -> torch.Tensor:
+    """bool ``[B, W]``: the positions to commit this step, the most confident first.
+
+    Every row that has candidates commits at least one (so no step is wasted and no rule can
+    stall a block), and at least ``count``; the parallel rules can only add to that:
+
+    * ``threshold`` (Fast-dLLM's threshold rule): also every candidate with score ``>=
+      threshold``;
+    * ``factor`` (Fast-dLLM's factor rule): the ``n`` most confident, ``n`` the longest run of
+      ranks ``r = 1, 2, ...`` whose ``r``-th best score ``c_r`` has ``(r + 1) (1 - c_r) <
+      factor`` -- the more tokens committed together, the surer each must be.
 
     Args:
         scores: ``[B, W]`` confidence of each position's proposal.
         candidates: bool ``[B, W]``, positions that may be committed (still masked, in the
             current block).
         count: int ``[B]``, the schedule's commit count for this step (clamped to the number
-            of candidates).
-        threshold: if set, also commit every candidate whose score is ``>= threshold``, and at
-            least one per row that has candidates (Fast-dLLM's rule).
+            of candidates): with neither rule, the fixed-budget top-``k`` commit.
     """
     available = candidates.sum(1)
-    k = torch.minimum(count.long(), available)
-    if threshold is not None:
-        above = ((scores >= threshold) & candidates).sum(1)
-        k = torch.maximum(k, torch.maximum(above, (available > 0).long()))
+    k = torch.maximum(torch.minimum(count.long(), available), (available > 0).long())
     masked = torch.where(candidates, scores.float(), torch.tensor(float("-inf"),
                                                                   device=scores.device))
+    if threshold is not None:
+        above = ((scores >= threshold) & candidates).sum(1)
+        k = torch.maximum(k, above)
+    if factor is not None:
+        best = masked.sort(dim=1, descending=True).values
+        ranks = torch.arange(1, best.shape[1] + 1, device=best.device, dtype=torch.float32)
+        run = ((ranks + 1) * (1 - best) < factor).long().cumprod(1).sum(1)
+        k = torch.maximum(k, torch.minimum(run, available))
     order = masked.argsort(dim=1, descending=True, stable=True)
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(
         order.shape[1], device=order.device).expand_as(order))

@@ -92,6 +92,17 @@ class Runner:
         return logits.float()
 
 
+def drop_cached(cache, lo: int, hi: int) -> None:
+    """Remove the cached keys/values of columns ``[lo, hi)`` from every layer of a
+    ``DynamicCache`` (the masked sampler's dual cache keeps ``[prefix | suffix]``)."""
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            raise ValueError("the dual cache needs full-attention cache layers; this model's "
+                             "cache has sliding-window layers (use cache='prefix' or 'none')")
+        layer.keys = torch.cat([layer.keys[..., :lo, :], layer.keys[..., hi:, :]], -2)
+        layer.values = torch.cat([layer.values[..., :lo, :], layer.values[..., hi:, :]], -2)
+
+
 def rule_mask(rule, q_len: int, kv_len: int, batch: int, name: str, device) -> Mask:
     """A per-row ``Mask`` from a rule over absolute key columns."""
     return Mask.from_rule(rule, q_len, kv_len, batch, name=name, device=device)

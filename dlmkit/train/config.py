@@ -207,6 +207,12 @@ def get_key(config: dict, dotted: str, default=None):
     return config
 
 
+def with_defaults(config: dict) -> dict:
+    """``config`` merged onto the defaults: keys added to dlmkit since it was written get their
+    default values (unknown keys are errors, as in a config file)."""
+    return _merge(DEFAULTS, config)
+
+
 def dump_yaml(config: dict) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import ResumePoint, find_resume_point
-from .config import RESUMABLE_KEYS, ConfigError, flatten, get_key, set_key, validate
+from .config import (
+    RESUMABLE_KEYS,
+    ConfigError,
+    flatten,
+    get_key,
+    set_key,
+    validate,
+    with_defaults,
+)
 
 CHANGES_FILE = "config_changes.jsonl"
 _UNSET = "(unset)"
@@ -77,6 +85,10 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
         point.notes.append(f"{point.path} stores no config (older dlmkit); the config is not "
                            "checked against it")
         return ResumePlan(point, config)
+    try:  # keys added to dlmkit since the checkpoint was written take their defaults
+        stored = with_defaults(stored)
+    except ConfigError as err:
+        raise ConfigError(f"--resume: {point.path / 'config.yaml'}: {err}") from None
     resumed = copy.deepcopy(stored)
     if explicit is None:
         resumed = copy.deepcopy(config)

@@ -2,11 +2,14 @@
 options, the seed and its prompt index only -- never on the other prompts of its batch or on
 the batch size (greedy and sampled)."""
 
+import functools
+
 import pytest
+import torch
 
 from dlmkit.generate import SAMPLERS, SamplerConfig, evaluate, generate
 
-from .helpers import TOK, tiny_model
+from .helpers import MASK, TOK, V, tiny_model
 
 TEXTS = ["rev abc", "sort 3142", "9+1=", "x", "copy abcdefgh"]  # ragged: 5..17 tokens
 OTHERS = ["a much longer prompt than any of the others", "q"]
@@ -16,15 +19,29 @@ CASES = {
     "mdlm": dict(max_new_tokens=8, block_size=4),
     "mdlm_threshold": dict(max_new_tokens=8, block_size=4, threshold=0.2, steps=8),
     "mdlm_random": dict(max_new_tokens=8, remasking="random", steps=4),
-    "mdlm_prefix_cache": dict(max_new_tokens=8, block_size=4, use_cache=True),
+    "mdlm_prefix_cache": dict(max_new_tokens=8, block_size=4, cache="prefix"),
+    "mdlm_dual_cache": dict(max_new_tokens=8, block_size=4, cache="dual"),
     "scdd": dict(max_new_tokens=6, steps=4),
     "bd3lm": dict(max_new_tokens=8, block_size=4),
-    "bd3lm_cache": dict(max_new_tokens=8, block_size=4, use_cache=True, threshold=0.2),
+    "bd3lm_cache": dict(max_new_tokens=8, block_size=4, cache="prefix", threshold=0.2),
     "hybrid": dict(max_new_tokens=8, block_size=4),
     "hybrid_ar": dict(max_new_tokens=8, mode="ar"),
     "idlm": dict(max_new_tokens=8, block_size=3),
     "ar": dict(max_new_tokens=8),
+    "dflash": dict(max_new_tokens=8, block_size=4),
 }
+
+
+@functools.lru_cache(maxsize=1)
+def dflash_pair():
+    """The tiny target with an untrained drafter (speculative decoding needs both)."""
+    from dlmkit.generate.speculative import DFlashPair
+    from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
+
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(DFlashDraftConfig(block_size=4, target_layer_ids=[0, 1],
+                                              vocab_size=V, mask_token_id=MASK)).eval()
+    return DFlashPair(tiny_model(), drafter)
 
 
 def sampler_of(case: str) -> str:
@@ -37,7 +54,8 @@ def test_every_sampler_has_a_batch_invariance_case():
 
 def decode(sampler, texts, first_index=0, **options):
     cfg = SamplerConfig.from_options(sampler, **options)
-    return generate(tiny_model(), TOK, texts, cfg, first_index=first_index).tokens
+    model = dflash_pair() if sampler == "dflash" else tiny_model()
+    return generate(model, TOK, texts, cfg, first_index=first_index).tokens
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

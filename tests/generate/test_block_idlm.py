@@ -24,19 +24,19 @@ def run(model, sampler, texts=TEXTS, **options):
 def test_block_cached_equals_uncached(sampler):
     model = tiny_model()
     opts = dict(max_new_tokens=10, block_size=4, steps=5)
-    plain, cached = run(model, sampler, **opts), run(model, sampler, use_cache=True, **opts)
+    plain, cached = run(model, sampler, **opts), run(model, sampler, cache="prefix", **opts)
     assert plain.tokens == cached.tokens and plain.forwards == cached.forwards
     assert all(MASK not in t and len(t) <= 10 for t in plain.tokens)
-    sampled = [run(model, sampler, temperature=1.0, seed=3, use_cache=c, **opts).tokens
-               for c in (False, True)]
+    sampled = [run(model, sampler, temperature=1.0, seed=3, cache=c, **opts).tokens
+               for c in ("none", "prefix")]
     assert sampled[0] == sampled[1]
 
 
 def test_block_ragged_rows_equal_rows_alone():
     model = tiny_model()
-    batch = run(model, "bd3lm", max_new_tokens=6, block_size=4, use_cache=True)
+    batch = run(model, "bd3lm", max_new_tokens=6, block_size=4, cache="prefix")
     for text, tokens in zip(TEXTS, batch.tokens):
-        alone = run(model, "bd3lm", [text], max_new_tokens=6, block_size=4, use_cache=True)
+        alone = run(model, "bd3lm", [text], max_new_tokens=6, block_size=4, cache="prefix")
         assert alone.tokens[0] == tokens
 
 
@@ -61,7 +61,7 @@ def test_block_decode_logits_equal_training_layout(sampler, training_mask):
 
 def test_block_cached_masks_are_the_decode_masks():
     rec = Recorder(tiny_model())
-    run(rec, "bd3lm", ["rev ab"], max_new_tokens=8, block_size=4, use_cache=True, steps=8)
+    run(rec, "bd3lm", ["rev ab"], max_new_tokens=8, block_size=4, cache="prefix", steps=8)
     later = [c for c in rec.calls if c["ids"].shape[1] == 4]  # noisy block alone, over cache
     assert later
     for call in later:

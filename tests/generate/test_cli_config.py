@@ -61,9 +61,14 @@ def test_generate_file_infill_and_eval(model_dir, capsys, tmp_path):
     (["--steps", "0"], "steps must be an int >= 1"),
     (["--block-size", "3"], "must divide max_new_tokens"),
     (["--sampler", "scdd", "--threshold", "0.9"], "does not use option(s) ['threshold']"),
-    (["--sampler", "idlm", "--cache"], "does not use option(s) ['use_cache']"),
+    (["--sampler", "idlm", "--cache"], "does not use option(s) ['cache']"),
     (["--threshold", "1.5"], "threshold must be a number in (0, 1]"),
     (["--remasking", "random", "--threshold", "0.5"], "needs a model confidence"),
+    (["--factor", "0"], "factor must be a finite number > 0"),
+    (["--threshold", "0.9", "--factor", "1"], "two parallel commit rules; set one"),
+    (["--sampler", "bd3lm", "--block-size", "4", "--cache", "dual"],
+     "cache must be one of ('none', 'prefix') for the bd3lm sampler, got 'dual'"),
+    (["--block-size", "3"], "(valid: [1, 2, 4, 8])"),
 ])
 def test_bad_sampler_options(model_dir, capsys, args, message):
     path = model_dir("mdlm")

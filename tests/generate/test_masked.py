@@ -36,7 +36,8 @@ def check_clean(result, max_new):
     dict(max_new_tokens=8, block_size=4),
     dict(max_new_tokens=8, temperature=1.0, remasking="random", steps=4),
     dict(max_new_tokens=8, block_size=2, remasking="margin", threshold=0.5, steps=4),
-    dict(max_new_tokens=8, remasking="entropy", use_cache=True),
+    dict(max_new_tokens=8, remasking="entropy", cache="prefix"),
+    dict(max_new_tokens=8, block_size=4, factor=1.0, cache="dual"),
 ])
 def test_mdlm_no_mask_left_prompt_preserved(options):
     rec = Recorder(tiny_model())
@@ -183,3 +184,42 @@ def test_samplers_use_the_tokenizers_vocabulary_when_the_embedding_table_is_padd
     plain = run(Rigged(positional_logits()), sampler, ["hi", "longer prompt"], **opts)
     assert result.tokens == plain.tokens
     assert all(t < V for row in result.tokens for t in row)
+
+
+def test_mdlm_caches_are_exact_for_one_layer_and_run_less():
+    # With one layer the keys/values are projections of the token embeddings alone, so the
+    # prefix and dual caches drop no information: any difference from the uncached decode is a
+    # bug in the key order, the mask or the positions, not the approximation.
+    from dlmkit.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("tiny-llama", V, attention="sdpa",
+                        overrides={"num_hidden_layers": 1}).eval()
+    opts = dict(max_new_tokens=12, block_size=4, steps=12)
+    for temperature in (0.0, 1.0):
+        plain = run(model, "mdlm", temperature=temperature, **opts)
+        for kind in ("prefix", "dual"):
+            rec = Recorder(model)
+            cached = run(rec, "mdlm", temperature=temperature, cache=kind, **opts)
+            assert cached.tokens == plain.tokens, (kind, temperature)
+            assert cached.forwards == plain.forwards
+            width = max(map(len, prompt_ids(*TEXTS))) + 12
+            # the first step of each block runs the canvas; its others the suffix / the block
+            lengths = {c["ids"].shape[1] for c in rec.calls}
+            if kind == "dual":
+                assert lengths == {width, 4}
+            else:
+                assert width in lengths and lengths <= {width, 12, 8, 4} and len(lengths) > 1
+
+
+def test_mdlm_dual_cache_differs_from_uncached_only_by_the_approximation():
+    # Two layers: the cached keys/values of layer 2 are stale within a block, so tokens may
+    # move, but the first step of every block is an ordinary full forward.
+    rec = Recorder(tiny_model())
+    run(rec, "mdlm", max_new_tokens=8, block_size=4, steps=8, cache="dual")
+    full = [c for c in rec.calls if not c["ids"].shape[1] == 4]
+    plain = Recorder(tiny_model())
+    run(plain, "mdlm", max_new_tokens=8, block_size=4, steps=8)
+    assert torch.allclose(full[0]["logits"], plain.calls[0]["logits"], atol=1e-5)
+    block = [c for c in rec.calls if c["ids"].shape[1] == 4]
+    assert block and all(c["cached"] for c in block)

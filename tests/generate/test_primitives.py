@@ -42,6 +42,49 @@ def test_select_topk_and_threshold():
     assert not none.any()
 
 
+def test_factor_rule_and_at_least_one_per_step():
+    # Fast-dLLM's factor rule: the longest run of ranks r with (r + 1)(1 - c_r) < factor.
+    scores = torch.tensor([[0.97, 0.5, 0.9, 0.85, 0.99, 0.3]])
+    cand = torch.ones_like(scores, dtype=torch.bool)
+    # sorted: .99 (2*.01=.02) .97 (3*.03=.09) .9 (4*.1=.4) .85 (5*.15=.75) .5 (6*.5=3) .3
+    for factor, n in [(0.01, 1), (0.05, 1), (0.1, 2), (0.5, 3), (1.0, 4), (3.5, 5), (10, 6)]:
+        got = select_transfers(scores, cand, torch.tensor([1]), factor=factor)
+        best = scores[0].argsort(descending=True)[:n]
+        assert got.sum() == n and bool(got[0, best].all()), factor
+    # a run stops at the first rank that fails, and never counts non-candidates
+    holes = torch.tensor([[True, False, True, True, True, False]])
+    got = select_transfers(scores, holes, torch.tensor([1]), factor=0.5)
+    assert got.tolist() == [[True, False, True, False, True, False]]
+    # the schedule is a floor; a count of 0 still commits one (no rule can stall a step)
+    assert select_transfers(scores, cand, torch.tensor([4]), factor=0.01).sum() == 4
+    assert select_transfers(scores, cand, torch.tensor([0])).sum() == 1
+    assert select_transfers(scores, cand, torch.tensor([0]), factor=0.01).sum() == 1
+
+
+def test_commit_rule_options_are_checked():
+    from dlmkit.generate import SamplerConfig
+
+    ok = SamplerConfig.from_options("bd3lm", block_size=4, factor=1.0, cache="prefix")
+    assert ok.factor == 1.0 and ok.cache == "prefix"
+    for options, message in [
+        (dict(threshold=0.0), r"threshold must be a number in \(0, 1\], got 0.0"),
+        (dict(threshold=1.01), r"threshold must be a number in \(0, 1\]"),
+        (dict(factor=-1.0), "factor must be a finite number > 0"),
+        (dict(factor=float("inf")), "factor must be a finite number > 0"),
+        (dict(factor=1.0, remasking="random"), "factor needs a model confidence"),
+        (dict(cache="dual"), r"cache must be one of \('none', 'prefix'\) for the bd3lm"),
+        (dict(cache="exact"), r"cache must be one of"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            SamplerConfig.from_options("bd3lm", block_size=4, **options)
+    with pytest.raises(ValueError, match=r"cache must be one of \('none', 'prefix', 'dual'\)"):
+        SamplerConfig.from_options("mdlm", cache="full")
+    with pytest.raises(ValueError, match=r"does not use option\(s\) \['cache'\]"):
+        SamplerConfig.from_options("scdd", cache="prefix")
+    with pytest.raises(ValueError, match=r"must divide max_new_tokens=12 .*\[1, 2, 3, 4, 6, 12\]"):
+        SamplerConfig.from_options("mdlm", max_new_tokens=12, block_size=5)
+
+
 def test_confidence_in_unit_interval_and_gumbel_seeded():
     logits = torch.randn(3, 5, 11)
     tokens = logits.argmax(-1)

@@ -117,3 +117,20 @@ def test_resume_of_a_finished_run_without_more_steps_says_so(finished, tmp_path,
     main(["train", "--output-dir", str(run_dir), "--resume"])
     assert "already at train.steps=3; nothing to train" in capsys.readouterr().out
     assert len(losses(run_dir)) == 3
+
+
+def test_checkpoint_config_from_an_older_dlmkit_gets_new_defaults(finished, tmp_path):
+    """A key added to dlmkit after the checkpoint was written is not a 'change'."""
+    import shutil
+
+    run_dir = tmp_path / "older"
+    shutil.copytree(finished, run_dir)
+    checkpoint = run_dir / "checkpoints" / "step_0000003"
+    stored = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    del stored["data"]["truncation"]
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"]["config.yaml"] = (checkpoint / "config.yaml").stat().st_size
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
