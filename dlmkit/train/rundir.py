@@ -44,8 +44,9 @@ def check_writable(run_dir: Path) -> None:
         fd, probe = tempfile.mkstemp(prefix=_PROBE, dir=base)
     except OSError as err:
         why = err.strerror or type(err).__name__
-        raise ConfigError(f"output directory {run_dir} cannot be written: {base} is not "
-                          f"writable ({why}); pick another --output-dir") from None
+        raise ConfigError(f"output directory {run_dir} cannot be created or written: "
+                          f"writing in {base} fails ({why}); pick another --output-dir"
+                          ) from None
     os.close(fd)
     os.unlink(probe)
 

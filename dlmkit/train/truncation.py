@@ -36,19 +36,21 @@ class CapReport:
     cut: int              # records longer than the cap
     emptied: int          # cut records left without a supervised token
     supervised: int       # supervised tokens before the cap
-    lost: int             # supervised tokens beyond the cap, in the records that are kept
+    lost: int             # supervised tokens not trained: beyond the cap, or in dropped records
     dropped: int = 0      # records left out (policy drop)
 
     def line(self, requested: int) -> str:
         cap = f"data.max_seq_len={requested}" + (
             f" ({self.cap} after rounding down to the block)" if self.cap != requested else "")
         share = 100.0 * self.lost / max(self.supervised, 1)
+        if self.dropped:
+            return (f"data: {cap}: dropped the {self.dropped} of {self.records} {self.split} "
+                    f"records longer than the cap (data.truncation=drop), {self.lost} of "
+                    f"{self.supervised} supervised tokens with them ({share:.1f}%)")
         text = (f"data: {cap} cuts {self.cut} of {self.records} {self.split} records; "
                 f"{self.lost} of {self.supervised} supervised tokens lost ({share:.1f}%)")
         if self.emptied:
             text += f"; {self.emptied} records keep no supervised token"
-        if self.dropped:
-            text += f"; dropped {self.dropped} records (data.truncation=drop)"
         return text
 
 
@@ -87,7 +89,7 @@ def apply_length_cap(dataset: SFTDataset, cap: int | None, policy: str, split: s
                               f"{int(lengths.min())} tokens)")
         dataset = dataset.subset(keep)
         report.dropped = report.cut
-        report.lost = 0
+        report.lost = int(supervised[cut].sum())
     left = int(dataset.supervised_within(cap).sum()) if cap is not None \
         else report.supervised
     if left == 0:
