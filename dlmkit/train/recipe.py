@@ -264,8 +264,9 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     return final
 
 
-class TrainingInterrupted(Exception):
-    """Ctrl-C during a run: where it stopped and what survives (the CLI prints it)."""
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: where it stopped and what survives (the CLI prints it). Still a
+    KeyboardInterrupt, so code that calls :func:`run` handles it as before."""
 
     def __init__(self, run_dir: Path | None, step: int | None, checkpoint: Path | None) -> None:
         self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
