@@ -48,7 +48,8 @@ from pathlib import Path
 
 import torch
 
-SECTIONS = ("correctness", "attention", "build", "train")
+# In order of importance: a run cut short keeps the checks first.
+SECTIONS = ("correctness", "build", "attention", "train")
 PADDINGS = ("none", "right", "left", "all")
 # (loss relative difference, gradient relative norm) allowed per dtype.
 TOLERANCE = {"fp32": (1e-3, 1e-2), "bf16": (1e-2, 1e-2)}
@@ -60,6 +61,19 @@ CPU_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    from dlmkit.masks.benchmark import available_bytes
+
+    return available_bytes()
 
 
 def _timed(fn, device: torch.device) -> tuple[float, object]:
@@ -196,10 +210,10 @@ def _loss_and_grads(model, strategy, prepared, denominators, autocast, backward:
     return float(total), grads
 
 
-def check_strategy(name: str, device: torch.device, *, seq_len: int, steps: int,
+def check_strategy(name: str, device: torch.device, emit, *, seq_len: int, steps: int,
                    dtypes: list[str], paddings: list[str], model: str | None,
-                   lr: float = 1e-3) -> list[dict]:
-    """flex + BlockMask against sdpa + dense mask for one strategy; one record per
+                   lr: float = 1e-3) -> None:
+    """flex + BlockMask against sdpa + dense mask for one strategy; ``emit``s one record per
     (dtype, padding). Forward-only on CPU."""
     from dlmkit.data.seeds import sample_generators
 
@@ -207,12 +221,11 @@ def check_strategy(name: str, device: torch.device, *, seq_len: int, steps: int,
     try:
         config, c = _components(name, device, seq_len, model)
     except Exception as err:  # a family this script cannot build generically
-        return [{"strategy": name, "skipped": f"components: {type(err).__name__}: {err}"}]
+        return emit({"strategy": name, "skipped": f"components: {type(err).__name__}: {err}"})
     reason = _switchable(c.model)
     if reason:
-        return [{"strategy": name, "skipped": reason}]
+        return emit({"strategy": name, "skipped": reason})
     reference = c.model
-    records = []
     for dtype in dtypes:
         def autocast(dtype=dtype):
             return (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16"
@@ -270,22 +283,16 @@ def check_strategy(name: str, device: torch.device, *, seq_len: int, steps: int,
                 record["error"] = f"{type(err).__name__}: {err}"
                 record["traceback"] = traceback.format_exc(limit=6)
             record["compiles"] = _compile_count() - compiles
-            records.append(record)
-            print(json.dumps({k: v for k, v in record.items() if k != "traceback"}),
-                  file=sys.stderr, flush=True)
-    return records
+            emit(record)
 
 
-def correctness(args, device) -> list[dict]:
+def correctness(args, device, emit) -> None:
     from dlmkit import strategies
 
-    names = [n for n in args.strategies.split(",") if n] or strategies.names()
-    records = []
-    for name in names:
-        records += check_strategy(name, device, seq_len=args.seq_len, steps=args.steps,
-                                  dtypes=args.dtypes.split(","), paddings=args.paddings.split(","),
-                                  model=args.model)
-    return records
+    for name in [n for n in args.strategies.split(",") if n] or strategies.names():
+        check_strategy(name, device, emit, seq_len=args.seq_len, steps=args.steps,
+                       dtypes=args.dtypes.split(","), paddings=args.paddings.split(","),
+                       model=args.model)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -306,12 +313,11 @@ def _peak(fn, device, repeats: int) -> tuple[float, float]:
     return statistics.median(times), (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
-def attention(args, device) -> list[dict]:
+def attention(args, device, emit) -> None:
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import flex_attention
 
-    flex = torch.compile(flex_attention)
-    records = []
+    flex = torch.compile(flex_attention, dynamic=False)
     for family in ("idlm", "bd3lm"):
         for tokens in (int(t) for t in args.attention_lens.split(",")):
             mask = _mask(family, tokens // 2, args.block, device)
@@ -345,20 +351,19 @@ def attention(args, device) -> list[dict]:
                 rec["ideal_speedup"] = 1 / rec["density"]
             except Exception as err:
                 rec["error"] = f"{type(err).__name__}: {err}"
-            torch.cuda.empty_cache()
-            records.append(rec)
-            print(json.dumps(rec), file=sys.stderr, flush=True)
-    return records
+            _empty_cache(device)
+            emit(rec)
 
 
 # -------------------------------------------------------------------------------- build
-def build(args, device) -> list[dict]:
+def build(args, device, emit) -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
     from dlmkit.masks.benchmark import FIELDS
 
-    compiled = torch.compile(create_block_mask)
-    records = []
+    # Static shapes: each size gets its own specialised kernel (its compile is the first
+    # call), as a user building one length would; dynamic shapes would time a generic kernel.
+    compiled = torch.compile(create_block_mask, dynamic=False)
     for family in ("idlm", "bd3lm"):
         for tokens in (int(t) for t in args.build_lens.split(",")):
             L = tokens // 2
@@ -377,7 +382,7 @@ def build(args, device) -> list[dict]:
 
                 def compiled_fn(mod=mod, n=tokens):
                     return compiled(mod, 1, None, n, n, device=device, BLOCK_SIZE=128)
-                free = torch.cuda.mem_get_info(device)[0]
+                free = _free_bytes(device)
                 need = 11 * tokens * tokens
                 theirs = {}
                 if need > 0.8 * free:
@@ -388,7 +393,7 @@ def build(args, device) -> list[dict]:
                     for _ in range(2):
                         s, theirs["eager"] = _timed(eager_fn, device)
                         seconds.append(s)
-                        torch.cuda.empty_cache()
+                        _empty_cache(device)
                     rec["eager_first_s"], rec["eager_s"] = seconds
                 seconds = []
                 for _ in range(args.repeats + 1):
@@ -405,14 +410,12 @@ def build(args, device) -> list[dict]:
                 del theirs
             except Exception as err:
                 rec["error"] = f"{type(err).__name__}: {err}"
-            torch.cuda.empty_cache()
-            records.append(rec)
-            print(json.dumps(rec), file=sys.stderr, flush=True)
-    return records
+            _empty_cache(device)
+            emit(rec)
 
 
 # -------------------------------------------------------------------------------- train
-def train(args, device) -> list[dict]:
+def train(args, device, emit) -> None:
     from dlmkit import strategies
     from dlmkit.models import PRESETS
     from dlmkit.train import load_config
@@ -420,7 +423,6 @@ def train(args, device) -> list[dict]:
 
     names = [n for n in args.strategies.split(",") if n] or strategies.names()
     T = args.train_seq_len
-    records = []
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "long.jsonl"
         g = torch.Generator().manual_seed(0)
@@ -437,7 +439,7 @@ def train(args, device) -> list[dict]:
             default = getattr(strategies.get(name), "default_model", "tiny-llama")
             overrides = [
                 f"strategy.name={name}", "data.task=null", f"data.train_files=[{data}]",
-                f"data.max_seq_len={T}", "model.attention=auto", "train.device=cuda",
+                f"data.max_seq_len={T}", "model.attention=auto", f"train.device={device.type}",
                 f"train.steps={args.train_steps}", f"train.global_batch_size={args.train_batch}",
                 f"train.log_every={max(1, args.train_steps // 2)}", "train.val_every=1000000",
                 "train.save_every=1000000", "train.warmup_steps=1", "train.progress=false",
@@ -459,10 +461,8 @@ def train(args, device) -> list[dict]:
                 rec["model"] = config["model"]["name"] or default
             except Exception as err:
                 rec["error"] = f"{type(err).__name__}: {err}"
-            torch.cuda.empty_cache()
-            records.append(rec)
-            print(json.dumps(rec), file=sys.stderr, flush=True)
-    return records
+            _empty_cache(device)
+            emit(rec)
 
 
 # --------------------------------------------------------------------------------- main
@@ -502,7 +502,7 @@ def tables(results: dict) -> str:
                  _fmt_s(r.get("compiled_first_s", "-")), _fmt_s(r.get("compiled_s", "-")),
                  f"{r['speedup_vs_compiled']:.0f}x" if "speedup_vs_compiled" in r else "-"]
                 for r in rows]
-        out += ["", "## BlockMask build on the GPU",
+        out += ["", f"## BlockMask build on {results['device']}",
                 _table(["mask", "2L", "ours", "eager", "compiled first", "compiled steady",
                         "vs compiled"], body)]
     rows = results.get("train")
@@ -510,7 +510,8 @@ def tables(results: dict) -> str:
         body = [[r["strategy"], r.get("model", "-"), r["seq_len"],
                  f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else r.get("error", "-"),
                  f"{r['final_loss']:.3f}" if "final_loss" in r else "-"] for r in rows]
-        out += ["", "## dlmkit train on one GPU (attention auto = flex, bf16 autocast)",
+        out += ["", f"## dlmkit train on {results['device']} "
+                    "(attention auto: flex and bf16 autocast on CUDA)",
                 _table(["strategy", "model", "seq len", "tokens/s", "final loss"], body)]
     for s in results.get("skipped_sections", []):
         out.append(f"\nskipped section {s['section']}: {s['reason']}")
@@ -531,7 +532,7 @@ def parse_args(argv):
     p.add_argument("--seq-len", type=int, default=None,
                    help="correctness: tokens per row (default 1024 CUDA, 32 CPU)")
     p.add_argument("--steps", type=int, default=None,
-                   help="correctness: training steps (default 3 CUDA, 1 CPU)")
+                   help="correctness: training steps (default 2 CUDA, 1 CPU)")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--paddings", default=",".join(PADDINGS))
     p.add_argument("--block", type=int, default=16, help="diffusion block of the timed masks")
@@ -560,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda" if cuda else "cpu")
     args.seq_len = args.seq_len or (1024 if cuda else 32)
-    args.steps = args.steps or (3 if cuda else 1)
+    args.steps = args.steps or (2 if cuda else 1)
     if cuda and args.model is None:
         args.model = "small-llama"
     # Every (strategy, dtype, shape) is a new flex graph; the default recompile limit (8) would
@@ -572,22 +573,38 @@ def main(argv: list[str] | None = None) -> int:
                      "skipped_sections": []}
     eager_flex = not cuda and not args.compile
     results["flex"] = "eager" if eager_flex else "compiled"
-    for section in wanted:
-        if not cuda and section != "correctness":
+
+    def save() -> None:
+        # Rewritten after every record: a run cut short by a time limit keeps what it measured.
+        failed = [r for r in results.get("correctness", []) if r.get("passed") is False]
+        results["all_passed"] = not failed
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+    for section in (s for s in SECTIONS if s in wanted):
+        # On CPU the timing sections run only when asked for by name (a smoke test of the
+        # script at small sizes), and never the attention one: CPU flex has no backward.
+        if not cuda and section != "correctness" and (section == "attention"
+                                                      or not args.sections):
             results["skipped_sections"].append(
                 {"section": section, "reason": "timing sections need CUDA"})
             continue
+        records = results[section] = []
+
+        def emit(record, records=records):
+            records.append(record)
+            print(json.dumps({k: v for k, v in record.items() if k != "traceback"}),
+                  file=sys.stderr, flush=True)
+            save()
+
         context = eager_flex_attention() if eager_flex else nullcontext()
         start = time.perf_counter()
         with context:
-            results[section] = globals()[section](args, device)
+            globals()[section](args, device, emit)
         results.setdefault("section_s", {})[section] = time.perf_counter() - start
-    failed = [r for r in results.get("correctness", []) if r.get("passed") is False]
-    results["all_passed"] = not failed
-    text = json.dumps(results, indent=1)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    save()
+    failed = not results["all_passed"]
+    print(json.dumps(results, indent=1))
     print(tables(results), file=sys.stderr)
     return 1 if failed else 0
 
