@@ -94,6 +94,10 @@ def corrupt_documents(
         raise ValueError("loss_mask supervises positions that are in no document (doc_ids -1); "
                          "every supervised position must belong to a document")
     segments = _Segments(doc_ids)
+    if not isinstance(generator, torch.Generator) and hasattr(generator, "__len__") and \
+            len(generator) != segments.count:
+        raise ValueError(f"generator must be one torch.Generator or one per document "
+                         f"({segments.count} in these packed rows), got {len(generator)}")
     rng.check_generator(generator, segments.count)
     shape = tuple(input_ids.shape)
     kwargs = {k: segments.cut(v) if isinstance(v, torch.Tensor) and tuple(v.shape) == shape
