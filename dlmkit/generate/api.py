@@ -16,6 +16,9 @@ sampler       family / layout it decodes                       module
 ``ar``        plain autoregressive decoding (any causal LM)    :mod:`.stream`
 ``dflash``    speculative: DFlash drafter + target verifier     :mod:`.speculative`
 ============  ==============================================  ============================
+
+``block_diffusion`` decodes DiffusionGemma canvases over an encoder cache
+(:mod:`.block_diffusion`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from dlmkit import strategies
 
 from .block import sample_blocks
+from .block_diffusion import sample_canvas
 from .config import SamplerConfig
 from .idlm import sample_isd
 from .masked import infill_masked, sample_masked
@@ -201,6 +205,10 @@ def _decode_isd(runner, encoded, cfg, **kw):
                       temperature=cfg.temperature, **kw)
 
 
+def _decode_canvas(runner, encoded, cfg, *, mask_id, **kw):
+    return sample_canvas(runner, encoded, cfg, **kw).tolist()
+
+
 def _decode_ar(runner, encoded, cfg, **kw):
     return sample_ar(runner, encoded, max_new_tokens=cfg.max_new_tokens,
                      temperature=cfg.temperature, **kw)
@@ -210,7 +218,7 @@ def _decode_ar(runner, encoded, cfg, **kw):
 # mask_id, pad_id) -> list of token-id rows`` (the generated part, before stripping).
 DECODERS = {"mdlm": _decode_mdlm, "scdd": _decode_scdd, "bd3lm": _decode_blocks,
             "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar,
-            "dflash": decode_dflash}
+            "dflash": decode_dflash, "block_diffusion": _decode_canvas}
 
 
 def strategy_samplers() -> dict[str, str]:

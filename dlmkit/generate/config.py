@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from .primitives import REMASKING
 
-SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar", "dflash")
+SAMPLERS = ("mdlm", "scdd", "bd3lm", "hybrid", "idlm", "ar", "dflash",
+            "block_diffusion")
 HYBRID_MODES = ("diffusion", "ar")
 
 _COMMON = {"max_new_tokens", "temperature", "seed"}
@@ -28,6 +29,10 @@ OPTIONS: dict[str, frozenset[str]] = {
     "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak"}),
     "idlm": frozenset(_COMMON | {"block_size"}),
     "ar": frozenset(_COMMON),
+    # DiffusionGemma canvases: commit rules, temperature schedule, adaptive stopping
+    "block_diffusion": frozenset(_COMMON | {"steps", "block_size", "remasking", "threshold",
+                                            "entropy_bound", "t_min", "t_max",
+                                            "stability_threshold", "confidence_threshold"}),
     # speculative decoding: target + DFlash drafter; block_size caps the drafted block
     "dflash": frozenset(_COMMON | {"block_size"}),
 }
@@ -64,6 +69,14 @@ class SamplerConfig:
         mode: hybrid only, ``diffusion`` (block diffusion) or ``ar`` (the clean causal stream).
         seed: seeds the sampler's own ``torch.Generator``.
         max_ratio, gamma_shape, t_peak: SCDD schedule (must match training).
+        entropy_bound: block_diffusion: commit the lowest-entropy positions whose entropies,
+            less their maximum, sum to at most this (transformers' entropy-bound sampler);
+            None = the ``remasking``/``threshold`` rule.
+        t_min, t_max: block_diffusion: linear temperature schedule, ``t_max`` at a canvas's
+            first step to ``t_min`` at its last (both or neither; replaces ``temperature``).
+        stability_threshold, confidence_threshold: block_diffusion adaptive stopping: a row
+            stops denoising a canvas once its argmax is unchanged for ``stability_threshold``
+            steps and its mean entropy is below ``confidence_threshold`` (both or neither).
     """
 
     sampler: str
@@ -80,6 +93,11 @@ class SamplerConfig:
     max_ratio: float = 0.1
     gamma_shape: float = 1.0
     t_peak: float = 0.5
+    entropy_bound: float | None = None
+    t_min: float | None = None
+    t_max: float | None = None
+    stability_threshold: int | None = None
+    confidence_threshold: float | None = None
 
     @classmethod
     def from_options(cls, sampler: str, **options) -> SamplerConfig:
@@ -152,11 +170,47 @@ class SamplerConfig:
                 s == "hybrid" and self.mode == "ar"):
             raise ValueError(f"sampler {s!r} needs block_size (the trained block size; it is "
                              "read from the model's dlmkit.json when there is one)")
+        if s == "block_diffusion":
+            if block is None:
+                raise ValueError("sampler 'block_diffusion' needs block_size (the trained "
+                                 "canvas block; read from the model's dlmkit.json)")
+            _check_canvas_options(self)
         return dataclasses.replace(self, steps=steps, block_size=block)
 
     def block_steps(self) -> int:
         """Steps per block for the block samplers."""
         return max(1, round(self.steps * self.block_size / self.max_new_tokens))
+
+
+def _number(name: str, value, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+            value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _check_canvas_options(cfg: SamplerConfig) -> None:
+    """The block_diffusion sampler's own options: pairs set together, ranges."""
+    if cfg.entropy_bound is not None:
+        _number("entropy_bound", cfg.entropy_bound, positive=True)
+        if cfg.threshold is not None:
+            raise ValueError("entropy_bound and threshold are two commit rules; set one")
+    if (cfg.t_min is None) != (cfg.t_max is None):
+        raise ValueError(f"t_min and t_max go together (a linear temperature schedule), got "
+                         f"t_min={cfg.t_min!r}, t_max={cfg.t_max!r}")
+    if cfg.t_min is not None:
+        if not _number("t_min", cfg.t_min) < _number("t_max", cfg.t_max):
+            raise ValueError(f"t_min must be < t_max, got {cfg.t_min!r} and {cfg.t_max!r}")
+        if cfg.temperature != 0:
+            raise ValueError("t_min/t_max replace temperature; do not set both")
+    if (cfg.stability_threshold is None) != (cfg.confidence_threshold is None):
+        raise ValueError("stability_threshold and confidence_threshold go together (adaptive "
+                         f"stopping), got {cfg.stability_threshold!r} and "
+                         f"{cfg.confidence_threshold!r}")
+    if cfg.stability_threshold is not None:
+        _int("stability_threshold", cfg.stability_threshold, 0)
+        _number("confidence_threshold", cfg.confidence_threshold, positive=True)
 
 
 def _int(name: str, value, minimum: int) -> int:

@@ -12,7 +12,7 @@ import torch
 from dlmkit import strategies
 from dlmkit.data import Collator, SFTDataset, load_tokenizer
 from dlmkit.data.seeds import sample_generators
-from dlmkit.masks import block_diffusion, idlm
+from dlmkit.masks import block_diffusion, canvas, idlm
 from dlmkit.masks.bidirectional import bidirectional
 from dlmkit.masks.causal import padded_causal
 from dlmkit.masks.hybrid import hybrid
@@ -24,6 +24,7 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
 # Strategies that train one model on the batch itself; dflash drafts for a frozen target and
 # feeds its drafter anchor blocks, not the sequence: tests/strategies/test_dflash.py.
 SINGLE_MODEL = [n for n in strategies.names() if n != "dflash"]
+CANVAS = "block_diffusion"  # encoder over the clean stream, decoder over one noisy block
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +34,24 @@ def tokenizer():
 
 def make_batch(tokenizer, name, n=6, block_align=True):
     data = SFTDataset.from_task("reverse", "train", tokenizer, n=n, seed=0)
-    block = BLOCK if name in TWO_STREAM and block_align else None
+    block = BLOCK if (name in TWO_STREAM or name == CANVAS) and block_align else None
     collate = Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                       block_size=block)
+                       block_size=block, fill_from_response=strategies.get(name).fill_from_response)
     return collate([data[i] for i in range(n)])
 
 
 def make_strategy(tokenizer, name, **options):
-    if name in TWO_STREAM:
+    if name in TWO_STREAM or name == CANVAS:
         options.setdefault("block_size", BLOCK)
     return strategies.get(name)(options, mask_token_id=tokenizer.mask_token_id,
                                 vocab_size=tokenizer.vocab_size)
+
+
+def make_model(strategy, tokenizer, name):
+    if name == CANVAS:  # DiffusionGemma, built by its strategy
+        return strategy.build_model(strategy.default_model, vocab_size=tokenizer.vocab_size,
+                                    attention="sdpa", dtype=torch.float32, overrides=TINY)
+    return build_model("tiny-llama", tokenizer.vocab_size, attention="sdpa", overrides=TINY)
 
 
 def prepare(strategy, batch, step=0):
@@ -62,6 +70,16 @@ def test_corruption_only_at_supervised_positions(tokenizer, name):
     changed = noisy != ids
     if name == "ar":  # autoregressive SFT: the model sees the clean tokens
         assert not changed.any() and torch.equal(p["target_ids"], ids)
+        return
+    if name == CANVAS:  # the encoder sees x_0; the canvas block is the corrupted part
+        assert not changed.any()
+        cols = p["starts"].unsqueeze(1) + torch.arange(BLOCK)
+        inside = torch.arange(BLOCK) < p["lengths"].unsqueeze(1)
+        assert torch.equal(p["target_ids"][inside], ids.gather(1, cols.clamp(max=L - 1))[inside])
+        assert sup.gather(1, cols.clamp(max=L - 1))[inside].all()
+        hit = p["canvas_ids"] != p["target_ids"]
+        assert hit.any() and not hit[~p["loss_mask"]].any()
+        assert not (hit & ~p["noise_mask"]).any() and (p["canvas_ids"] < s.vocab_size).all()
         return
     assert not changed[~sup].any(), "a position outside the loss mask was corrupted"
     assert changed.any(), "nothing was corrupted"
@@ -92,6 +110,11 @@ def test_layout_positions_and_mask(tokenizer, name):
     elif name == "ar":
         assert torch.equal(p["input_ids"], ids) and torch.equal(p["position_ids"], pos)
         expected = padded_causal(L, valid)
+    elif name == CANVAS:
+        assert torch.equal(p["input_ids"], ids) and torch.equal(p["position_ids"], pos)
+        assert torch.equal(p["canvas_positions"],
+                           pos.gather(1, p["starts"].unsqueeze(1)) + torch.arange(BLOCK))
+        expected = canvas(p["starts"], p["lengths"], L, BLOCK, canvas_length=BLOCK, valid=valid)
     else:
         assert p["input_ids"].shape == ids.shape
         assert torch.equal(p["position_ids"], pos)
@@ -121,6 +144,10 @@ def test_counts_are_hand_computed_denominators(tokenizer, name):
     elif name == "ar":
         # next-token pairs: supervised tokens with a predecessor in their row
         assert counts == {"num_tokens": int(sup[:, 1:].sum())}
+    elif name == CANVAS:
+        # the selected block's supervised tokens; the encoder's valid next-token pairs
+        assert counts == {"num_tokens": int(p["lengths"].sum()),
+                          "num_ar_tokens": int((valid[:, :-1] & valid[:, 1:]).sum())}
     else:
         raise AssertionError(f"no hand-computed denominators for strategy {name!r}")
 
@@ -132,12 +159,13 @@ def test_noise_depends_on_seed_step_and_sample_only(tokenizer, name):
     batch = make_batch(tokenizer, name)
     s = make_strategy(tokenizer, name)
     a, b, c = prepare(s, batch, 0), prepare(s, batch, 0), prepare(s, batch, 1)
-    assert torch.equal(a["input_ids"], b["input_ids"])
-    assert not torch.equal(a["input_ids"], c["input_ids"])
+    noisy = "canvas_ids" if name == CANVAS else "input_ids"
+    assert torch.equal(a[noisy], b[noisy])
+    assert not torch.equal(a[noisy], c[noisy])
     # row 2 alone gets the same noise as inside the batch (per-sample generators)
     one = {k: v[2:3] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     alone = prepare(s, one, 0)
-    assert torch.equal(alone["input_ids"], a["input_ids"][2:3])
+    assert torch.equal(alone[noisy], a[noisy][2:3])
 
 
 @pytest.mark.parametrize("name", SINGLE_MODEL)
@@ -146,7 +174,7 @@ def test_loss_and_gradients_finite(tokenizer, name):
     batch = make_batch(tokenizer, name)
     s = make_strategy(tokenizer, name)
     p = prepare(s, batch)
-    model = build_model("tiny-llama", tokenizer.vocab_size, attention="sdpa", overrides=TINY)
+    model = make_model(s, tokenizer, name)
     denominators = {k: float(v) for k, v in s.counts(p).items()}
     out = s.loss(model, p, denominators)
     value = float(out.total.detach())
@@ -164,7 +192,7 @@ def test_global_denominator_scales_the_loss(tokenizer, name):
     batch = make_batch(tokenizer, name)
     s = make_strategy(tokenizer, name)
     p = prepare(s, batch)
-    model = build_model("tiny-llama", tokenizer.vocab_size, attention="sdpa", overrides=TINY)
+    model = make_model(s, tokenizer, name)
     d = {k: float(v) for k, v in s.counts(p).items()}
     with torch.no_grad():
         one = float(s.loss(model, p, d).total)
@@ -178,7 +206,8 @@ def test_mask_cache_hits_on_repeated_layout(tokenizer, name):
     s = make_strategy(tokenizer, name)
     first = prepare(s, batch, 0)
     misses = s.masks.misses
-    second = prepare(s, batch, 1)
+    # the canvas mask follows the drawn block too: only the same step repeats its layout
+    second = prepare(s, batch, 0 if name == CANVAS else 1)
     assert s.masks.misses == misses and s.masks.hits >= 1
     assert second["mask"] is first["mask"]
     other = make_batch(tokenizer, name, n=3)

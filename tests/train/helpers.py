@@ -55,7 +55,7 @@ def tiny_target(hidden_size: int = 64, num_layers: int = 3) -> Path:
 
 def overrides(*extra: str, strategy: str = "mdlm") -> list[str]:
     opts = [f"strategy.name={strategy}"]
-    if strategy in ("bd3lm", "hybrid", "idlm", "dflash"):
+    if strategy in ("bd3lm", "hybrid", "idlm", "dflash", "block_diffusion"):
         opts.append("strategy.block_size=4")
     if strategy == "dflash":  # a drafter needs a frozen target (the TINY hidden size, 64)
         opts += [f"strategy.target={tiny_target()}", "strategy.num_blocks_per_sample=3"]
