@@ -1,0 +1,184 @@
+"""DFlash speculative decoding: greedy output is token for token the target's own greedy
+decoding (whatever the drafter proposes), sampling follows the speculative acceptance rule
+(checked statistically), and transformers' own DFlash ``generate`` runs our drafter as is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlmkit.data import get_task
+from dlmkit.generate import SamplerConfig, generate
+from dlmkit.generate.api import encode_prompt
+from dlmkit.generate.speculative import DFlashPair, accept, speculative_decode
+from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
+from tests.generate.helpers import MASK, STOPS, TOK, V, tiny_model
+
+BS = 4
+
+
+def drafter_for(target, block_size=BS, seed=0):
+    torch.manual_seed(seed)
+    c = target.config
+    config = DFlashDraftConfig(hidden_size=c.hidden_size, num_attention_heads=4,
+                               intermediate_size=64, num_hidden_layers=1, block_size=block_size,
+                               mask_token_id=MASK, target_layer_ids=[0, c.num_hidden_layers - 1],
+                               target_hidden_size=c.hidden_size, vocab_size=c.vocab_size)
+    return DFlashDrafter(config).eval()
+
+
+class OracleDraft(DFlashPair):
+    """Drafts the target's known greedy continuation, wrong at random offsets: every accepted
+    length from 0 to ``bs - 1`` occurs, so the cache crops and the acceptance rule are all
+    exercised (a wrong token that slipped through would change the output)."""
+
+    reference: list[int]
+
+    def draft_step(self, anchor, position, context, context_position, cache, mask_id):
+        self.stats["draft_forwards"] += 1
+        logits = torch.zeros(self.block_size - 1, V)
+        for i in range(self.block_size - 1):
+            at = position + 1 + i
+            token = self.reference[at] if at < len(self.reference) else 0
+            if torch.rand(()) < 0.25:
+                token = (token + 1) % (V - 1)
+            logits[i, token] = 10.0
+        return logits
+
+
+def tied(target, ids, continuation, tolerance=1e-4) -> bool:
+    """Whether the target's greedy choice along ``continuation`` ever had a runner-up within
+    ``tolerance`` (a floating-point tie: a different but equally exact evaluation order, such as
+    verifying a block instead of one token, may break it the other way)."""
+    with torch.no_grad():
+        logits = target(input_ids=torch.tensor([ids + continuation])).logits[0]
+    top = logits[len(ids) - 1:-1, :MASK].topk(2, dim=-1).values
+    return bool(((top[:, 0] - top[:, 1]) < tolerance).any())
+
+
+def greedy_reference(target, prompts, max_new):
+    out = generate(target, TOK, prompts, SamplerConfig.from_options("ar", max_new_tokens=max_new))
+    return out.tokens
+
+
+def check_greedy_lossless(count: int, max_new: int, seed: int) -> None:
+    """Speculative greedy == target greedy on the first ``count`` addition test prompts; a
+    prompt may differ only where the target's own choice was a floating-point tie."""
+    target = tiny_model(0)
+    prompts = [r["prompt"] for r in get_task("addition").records("test", count)]
+    want = greedy_reference(target, prompts, max_new)
+    pair = OracleDraft(target, drafter_for(target))
+    torch.manual_seed(seed)
+    ties, lengths = [], set()
+    for prompt, expected in zip(prompts, want):
+        ids = encode_prompt(TOK, prompt)
+        pair.reference = ids + expected
+        before = dict(pair.stats)
+        got = speculative_decode(pair, ids, max_new_tokens=max_new, temperature=0,
+                                 stop_ids=STOPS, mask_id=MASK)
+        if (got[:-1] if got and got[-1] in STOPS else got) != expected:
+            ties.append(prompt)
+            assert tied(target, ids, expected), f"{prompt!r}: differs without a tie"
+        steps = pair.stats["verify_forwards"] - before["verify_forwards"]
+        lengths.add((pair.stats["verified_tokens"] - before["verified_tokens"]) / max(steps, 1))
+    assert len(ties) <= max(1, len(prompts) // 100), ties  # random logits tie rarely
+    assert pair.stats["verified_tokens"] > pair.stats["verify_forwards"]  # drafts accepted
+    assert len(lengths) > 3  # many acceptance lengths: every crop path ran
+
+
+def test_greedy_speculative_equals_target_greedy_on_test_prompts():
+    check_greedy_lossless(64, 12, seed=0)
+
+
+@pytest.mark.slow
+def test_greedy_speculative_equals_target_greedy_on_every_test_prompt():
+    check_greedy_lossless(991, 8, seed=1)  # the whole addition test split
+
+
+def test_sampler_dflash_through_generate_with_a_real_drafter():
+    """The whole path (dlmkit.generate, sampler ``dflash``, the drafter's KV cache): greedy
+    equals the target's; forwards are the target's, fewer than one per token only when drafts
+    are accepted."""
+    target = tiny_model(0)
+    prompts = ["1+2=", "33+4=", "5+60="]
+    pair = DFlashPair(target, drafter_for(target))
+    got = generate(pair, TOK, prompts, SamplerConfig.from_options(
+        "dflash", block_size=BS, max_new_tokens=10))
+    assert got.tokens == greedy_reference(target, prompts, 10)
+    assert got.forwards == pair.stats["target_forwards"]
+    assert pair.stats["draft_forwards"] >= pair.stats["verify_forwards"] - len(prompts)
+
+
+def test_transformers_dflash_generate_runs_our_drafter_with_the_same_tokens():
+    from transformers import GenerationConfig
+
+    target = tiny_model(0)
+    drafter = drafter_for(target)
+    calls = []
+    drafter.register_forward_hook(lambda *a: calls.append(1))
+    pair = DFlashPair(target, drafter)
+    for prompt in ["1+2=", "45+6="]:
+        ids = encode_prompt(TOK, prompt)
+        ours = speculative_decode(pair, ids, max_new_tokens=10, temperature=0, stop_ids=STOPS,
+                                  mask_id=MASK)
+        config = GenerationConfig(max_new_tokens=10, do_sample=False, speculation_type="dflash",
+                                  eos_token_id=list(STOPS), pad_token_id=TOK.pad_token_id)
+        x = torch.tensor([ids])
+        theirs = target.generate(x, attention_mask=torch.ones_like(x), generation_config=config,
+                                 assistant_model=drafter)
+        assert theirs[0, len(ids):].tolist() == ours
+    assert calls, "transformers never called the drafter"
+
+
+def test_accept_greedy_longest_agreeing_prefix_plus_bonus():
+    target = torch.full((4, 6), -5.0)
+    for row, token in enumerate([2, 3, 1, 4]):
+        target[row, token] = 5.0
+    assert accept(target, None, torch.tensor([2, 3, 1]), 0, None) == (3, 4)
+    assert accept(target, None, torch.tensor([2, 0, 1]), 0, None) == (1, 3)
+    assert accept(target, None, torch.tensor([5, 3, 1]), 0, None) == (0, 2)
+
+
+def test_accept_sampling_gives_the_target_distribution():
+    """Speculative sampling: the first emitted token is distributed as the target's ``p_0``
+    and, once ``d_1`` is accepted, the second as ``p_1``, whatever the drafter's ``q``
+    (chi-square, 20000 draws, far beyond the 0.9999 quantile only if the rule is wrong)."""
+    g = torch.Generator().manual_seed(0)
+    p_logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4],
+                                       [0.25, 0.25, 0.25, 0.25]]))
+    q_logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]))
+    q = q_logits.softmax(-1)
+    first, second = torch.zeros(4), torch.zeros(4)
+    trials = 20000
+    for _ in range(trials):
+        draft = torch.multinomial(q, 1, generator=g).squeeze(-1)
+        n, nxt = accept(p_logits, q_logits, draft, 1.0, g)
+        tokens = draft[:n].tolist() + [nxt]
+        first[tokens[0]] += 1
+        if len(tokens) > 1:
+            second[tokens[1]] += 1
+    p = p_logits.softmax(-1)
+
+    def chi2(counts, probs):
+        expected = probs * counts.sum()
+        return float(((counts - expected) ** 2 / expected).sum())
+
+    assert chi2(first, p[0]) < 21.1  # df = 3: P(chi2 > 21.1) = 1e-4
+    assert second.sum() > 1000 and chi2(second, p[1]) < 21.1
+    # the rule is not vacuous: drawing the first token from q instead fails the same test
+    assert chi2(torch.bincount(torch.multinomial(q[0], trials, replacement=True,
+                                                 generator=g), minlength=4).float(), p[0]) > 100
+
+
+def test_drafter_must_fit_the_target():
+    target = tiny_model(0)
+    other = DFlashDrafter(DFlashDraftConfig(hidden_size=64, block_size=BS,
+                                            target_layer_ids=[0]))
+    with pytest.raises(ValueError, match="drafter hidden size 64 does not match the target's"):
+        DFlashPair(target, other)
+    deep = drafter_for(target)
+    deep.config.target_layer_ids = [0, 9]
+    with pytest.raises(ValueError, match="reads target layers .* has only 3"):
+        DFlashPair(target, deep)
+    with pytest.raises(ValueError, match="block_size must be an int >= 2"):
+        DFlashDraftConfig(block_size=1)
