@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """The FlexAttention path on a GPU, checked and timed in one prepared run (JSON + tables).
 
-Sections (``--sections``, default all on CUDA):
+Sections (``--sections``, default all on CUDA, run in the order correctness, build, attention,
+train so that a run cut short keeps the checks; the ``--json`` file is rewritten after every
+record):
 
 * ``correctness`` — for every strategy in ``dlmkit.strategies.names()`` (so families added
   later are covered without editing this file), a few training steps of a small model with
@@ -24,10 +26,13 @@ Sections (``--sections``, default all on CUDA):
 ``--cpu`` (automatic without CUDA) runs the correctness section only, forward-only (CPU
 FlexAttention has no backward) at small sizes; by default with eager FlexAttention (which
 applies ``mask_mod`` to the whole score grid), ``--compile`` uses the compiled CPU kernel,
-which reads the block lists (a compile per shape: slow). The exit status is 1 when a check
-failed.
+which reads the block lists (a compile per shape: slow). ``--cpu --sections build,train``
+smoke-tests those two sections on CPU at the sizes given. The exit status is 1 when a check
+failed. ``bench/gpu_run.sh`` is the prepared GPU command (this script, then ``pytest -m
+cuda``, each under its own time limit, output under ``$OUT``).
 
-    python bench/gpu.py --json gpu.json                  # on a CUDA machine (~6 min)
+    python bench/gpu.py --json gpu.json                  # on a CUDA machine (~6-8 min,
+                                                         # mostly flex compiles)
     python bench/gpu.py --sections correctness,build     # a part
     python bench/gpu.py --cpu --strategies mdlm,bd3lm    # CPU smoke (seconds)
 """
@@ -128,8 +133,21 @@ def eager_flex_attention():
 
 
 # ------------------------------------------------------------------------- correctness
+def strategy_overrides(name: str, items: list[str]) -> list[str]:
+    """The ``--set STRATEGY:key=value`` items for strategy ``name`` (e.g. a DFlash target
+    directory made earlier in the same command), as config overrides."""
+    out = []
+    for item in items:
+        target, sep, override = item.partition(":")
+        if not sep or "=" not in override:
+            raise ValueError(f"--set must be STRATEGY:key=value, got {item!r}")
+        if target == name:
+            out.append(override)
+    return out
+
+
 def _components(name: str, device: torch.device, seq_len: int, model: str | None,
-                attention: str = "sdpa"):
+                attention: str = "sdpa", extra: list[str] = ()):
     """The recipe's own components for strategy ``name`` (model, strategy, collator)."""
     from dlmkit import strategies
     from dlmkit.models import PRESETS
@@ -146,7 +164,7 @@ def _components(name: str, device: torch.device, seq_len: int, model: str | None
     if model and default in PRESETS and model in PRESETS and \
             PRESETS[default]["model_type"] == PRESETS[model]["model_type"]:
         overrides.append(f"model.name={model}")
-    config = load_config(None, overrides)
+    config = load_config(None, [*overrides, *extra])
     return config, build_components(config, World(0, 1, 0, device))
 
 
@@ -186,14 +204,29 @@ def padded_batch(collator, seq_len: int, padding: str, seed: int = 0) -> dict:
     return batch
 
 
-def _switchable(model) -> str | None:
-    """Why this model cannot be run with both attention backends (None: it can)."""
-    inner = getattr(model, "module", model)
-    if not hasattr(inner, "set_attn_implementation"):
-        return f"{type(inner).__name__} has no set_attn_implementation (not a HF model)"
-    if getattr(getattr(inner, "config", None), "_attn_implementation", None) is None:
-        return f"{type(inner).__name__}.config has no _attn_implementation"
-    return None
+@contextmanager
+def counting_flex_calls():
+    """Counts FlexAttention calls made meanwhile (``calls[0]``): through transformers' flex
+    integration and through ``torch.nn.attention.flex_attention.flex_attention`` looked up at
+    call time (a custom model's attention). A "flex" run that made none tested nothing."""
+    import torch.nn.attention.flex_attention as module
+    from transformers.integrations import flex_attention as integration
+
+    calls = [0]
+    originals = (module.flex_attention, integration.compile_friendly_flex_attention)
+
+    def counted(fn):
+        def wrapper(*args, **kwargs):
+            calls[0] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    module.flex_attention = counted(originals[0])
+    integration.compile_friendly_flex_attention = counted(originals[1])
+    try:
+        yield calls
+    finally:
+        module.flex_attention, integration.compile_friendly_flex_attention = originals
 
 
 def _loss_and_grads(model, strategy, prepared, denominators, autocast, backward: bool):
@@ -212,48 +245,52 @@ def _loss_and_grads(model, strategy, prepared, denominators, autocast, backward:
 
 def check_strategy(name: str, device: torch.device, emit, *, seq_len: int, steps: int,
                    dtypes: list[str], paddings: list[str], model: str | None,
-                   lr: float = 1e-3) -> None:
+                   extra: list[str] = (), lr: float = 1e-3) -> None:
     """flex + BlockMask against sdpa + dense mask for one strategy; ``emit``s one record per
     (dtype, padding). Forward-only on CPU."""
     from dlmkit.data.seeds import sample_generators
 
     backward = device.type == "cuda"
+    # Both sides come from the public config path (``model.attention``), as a user runs them:
+    # the same seed gives the same initial weights, copied across to be sure.
     try:
-        config, c = _components(name, device, seq_len, model)
+        config, sdpa_side = _components(name, device, seq_len, model, "sdpa", extra)
+        _, flex_side = _components(name, device, seq_len, model, "flex_attention", extra)
+        flex_side.model.load_state_dict(sdpa_side.model.state_dict())
     except Exception as err:  # a family this script cannot build generically
         return emit({"strategy": name, "skipped": f"components: {type(err).__name__}: {err}"})
-    reason = _switchable(c.model)
-    if reason:
-        return emit({"strategy": name, "skipped": reason})
-    reference = c.model
     for dtype in dtypes:
         def autocast(dtype=dtype):
             return (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bf16"
                     else nullcontext())
 
         for padding in paddings:
-            sdpa_model = copy.deepcopy(reference)
-            flex_model = copy.deepcopy(reference)
-            getattr(flex_model, "module", flex_model).set_attn_implementation("flex_attention")
-            optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for m in (sdpa_model,
-                                                                           flex_model)]
+            sides = [(side.strategy, copy.deepcopy(side.model), side.collator)
+                     for side in (sdpa_side, flex_side)]
+            optimizers = [torch.optim.SGD(m.parameters(), lr=lr) for _, m, _ in sides]
             record = {"strategy": name, "dtype": dtype, "padding": padding,
                       "seq_len": seq_len, "steps": steps, "backward": backward}
             compiles = _compile_count()
             try:
                 losses, grad_rels, nonfinite = [], [], []
+                flex_calls = 0
                 for step in range(steps):
-                    batch = padded_batch(c.collator, seq_len, padding, seed=step)
-                    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                             for k, v in batch.items()}
-                    generators = sample_generators(config["seed"], step,
-                                                   batch["sample_index"].tolist(), device)
-                    prepared = c.strategy.prepare(batch, generators)
-                    denominators = {k: float(v) for k, v in c.strategy.counts(prepared).items()}
-                    s_loss, s_grad = _loss_and_grads(sdpa_model, c.strategy, prepared,
-                                                     denominators, autocast, backward)
-                    f_loss, f_grad = _loss_and_grads(flex_model, c.strategy, prepared,
-                                                     denominators, autocast, backward)
+                    out = []
+                    for i, (strategy, side_model, collator) in enumerate(sides):
+                        batch = padded_batch(collator, seq_len, padding, seed=step)
+                        batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                 for k, v in batch.items()}
+                        generators = sample_generators(config["seed"], step,
+                                                       batch["sample_index"].tolist(), device)
+                        prepared = strategy.prepare(batch, generators)
+                        denominators = {k: float(v)
+                                        for k, v in strategy.counts(prepared).items()}
+                        with counting_flex_calls() as calls:
+                            out.append(_loss_and_grads(side_model, strategy, prepared,
+                                                       denominators, autocast, backward))
+                        if i == 1:
+                            flex_calls += calls[0]
+                    (s_loss, s_grad), (f_loss, f_grad) = out
                     losses.append((s_loss, f_loss))
                     finite = math.isfinite(s_loss) and math.isfinite(f_loss)
                     if backward:
@@ -269,6 +306,7 @@ def check_strategy(name: str, device: torch.device, emit, *, seq_len: int, steps
                 record["flex_loss"] = [f for _, f in losses]
                 record["loss_rel"] = max(_relative(f, s) for s, f in losses)
                 record["nonfinite_steps"] = nonfinite
+                record["flex_calls"] = flex_calls
                 if backward:
                     record["grad_rel"] = max(grad_rels)
                     loss_tol, grad_tol = TOLERANCE[dtype]
@@ -278,6 +316,10 @@ def check_strategy(name: str, device: torch.device, emit, *, seq_len: int, steps
                 else:
                     record["passed"] = not nonfinite and record["loss_rel"] <= CPU_TOLERANCE[dtype]
                     record["tolerance"] = {"loss_rel": CPU_TOLERANCE[dtype]}
+                if not flex_calls:
+                    record["passed"] = False
+                    record["error"] = ("flex path not exercised: the flex_attention model made "
+                                       "no FlexAttention call")
             except Exception as err:
                 record["passed"] = False
                 record["error"] = f"{type(err).__name__}: {err}"
@@ -292,7 +334,7 @@ def correctness(args, device, emit) -> None:
     for name in [n for n in args.strategies.split(",") if n] or strategies.names():
         check_strategy(name, device, emit, seq_len=args.seq_len, steps=args.steps,
                        dtypes=args.dtypes.split(","), paddings=args.paddings.split(","),
-                       model=args.model)
+                       model=args.model, extra=strategy_overrides(name, args.set))
 
 
 # ---------------------------------------------------------------------------- attention
@@ -448,7 +490,7 @@ def train(args, device, emit) -> None:
                     PRESETS[default]["model_type"] == PRESETS[args.model]["model_type"]:
                 overrides.append(f"model.name={args.model}")
             try:
-                config = load_config(None, overrides)
+                config = load_config(None, [*overrides, *strategy_overrides(name, args.set)])
                 start = time.perf_counter()
                 run_dir = Path(run(config))
                 rec["wall_s"] = time.perf_counter() - start
@@ -476,7 +518,8 @@ def tables(results: dict) -> str:
             if "skipped" in r:
                 body.append([r["strategy"], "-", "-", "-", "-", "-", "skipped: " + r["skipped"]])
                 continue
-            status = "pass" if r.get("passed") else ("FAIL " + r.get("error", ""))
+            status = "pass" if r.get("passed") else \
+                "FAIL " + r.get("error", f"outside tolerance {r.get('tolerance')}")
             grad = f"{r['grad_rel']:.2e}" if "grad_rel" in r else "fwd only"
             loss = f"{r['loss_rel']:.2e}" if "loss_rel" in r else "-"
             body.append([r["strategy"], r["dtype"], r["padding"], loss, grad,
@@ -543,9 +586,17 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--train-seq-len", type=int, default=2048)
     p.add_argument("--train-batch", type=int, default=8)
-    p.add_argument("--train-steps", type=int, default=12)
+    p.add_argument("--train-steps", type=int, default=8)
+    p.add_argument("--set", action="append", default=[], metavar="STRATEGY:KEY=VALUE",
+                   help="a config override for one strategy, e.g. dflash:strategy.target=DIR "
+                        "(repeatable)")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args(argv)
+    for item in args.set:
+        try:
+            strategy_overrides("", [item])
+        except ValueError as err:
+            p.error(str(err))
     bad = [s for s in args.sections.split(",") if s and s not in SECTIONS]
     if bad:
         p.error(f"unknown section(s) {bad}; choose from {', '.join(SECTIONS)}")
@@ -566,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
         args.model = "small-llama"
     # Every (strategy, dtype, shape) is a new flex graph; the default recompile limit (8) would
     # silently fall back to eager flex and stop testing the kernel.
-    torch._dynamo.config.cache_size_limit = 256
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") \
+        else "cache_size_limit"  # the older name (torch < 2.7)
+    setattr(torch._dynamo.config, limit, 256)
     wanted = [s for s in args.sections.split(",") if s] or list(SECTIONS)
     results: dict = {"device": torch.cuda.get_device_name(device) if cuda else "cpu",
                      "torch": torch.__version__, "mode": "cuda" if cuda else "cpu",

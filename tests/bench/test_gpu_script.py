@@ -65,3 +65,25 @@ def test_cpu_mode_covers_every_strategy(tmp_path):
     # the families this script must always handle (HF causal LMs with a dLLM mask)
     assert {"mdlm", "bd3lm", "idlm"} <= ran
     assert "## correctness" in done.stderr
+
+
+def test_a_wrong_block_mask_fails_the_check(monkeypatch):
+    """The flex side must really use the BlockMask: swapping it for a bidirectional one (same
+    shape) has to fail the comparison, not pass silently."""
+    import dlmkit.masks.core as core
+    from dlmkit.masks import bidirectional
+
+    gpu = _module()
+    right = core.Mask.block_mask
+
+    def wrong(self, block_size=128):
+        return right(bidirectional(self.q_len), block_size)
+
+    monkeypatch.setattr(core.Mask, "block_mask", wrong)
+    records = []
+    with gpu.eager_flex_attention():
+        gpu.check_strategy("bd3lm", torch.device("cpu"), records.append, seq_len=32, steps=1,
+                           dtypes=["fp32"], paddings=["left"], model=None)
+    (record,) = records
+    assert record["flex_calls"] > 0
+    assert record["passed"] is False and record["loss_rel"] > record["tolerance"]["loss_rel"]
