@@ -21,7 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from dlmkit.diffusion import rng
+from dlmkit.diffusion import rng, timesteps
 from dlmkit.diffusion._checks import (
     check_ids,
     check_mask_token,
@@ -53,26 +53,37 @@ def _per_row_or_block(
 
 def corrupt_uniform(
     input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int, *,
-    eps: float = 1e-3, block_size: int | None = None, generator: rng.Generators,
+    eps: float = 1e-3, t_max: float = 1.0, block_size: int | None = None,
+    stratum: torch.Tensor | None = None, num_strata: int = 1, generator: rng.Generators,
 ) -> Corruption:
     """MDLM / LLaDA absorbing corruption (BD3-LM with ``block_size``).
 
     Per row (``block_size=None``) or per block of ``block_size`` positions (BD3-LM: every block
-    its own noise level; blocks start at multiples of ``block_size``) ``t ~ U[0, 1)`` and
-    ``p = (1 - eps) t + eps``; each supervised token becomes ``mask_token_id`` independently
-    with probability ``p``. ``p_mask = p`` at every position of the row/block.
+    its own noise level; blocks start at multiples of ``block_size``) a level ``t`` in
+    ``[0, 1)`` and ``p = eps + (t_max - eps) t``; each supervised token becomes
+    ``mask_token_id`` independently with probability ``p``. ``p_mask = p`` at every position
+    of the row/block. ``t_max < 1`` clips the noise range to ``[eps, t_max)`` (BD3-LM's clipped
+    schedules: bounded ``1/p`` weights, lower-variance training).
+    ``t`` is the row's/block's uniform ``u`` (i.i.d.), or with ``stratum [B, L]`` (offsets from
+    :func:`~dlmkit.diffusion.timesteps.strata`) ``frac(stratum + u / num_strata)``: stratified
+    over the global batch (see :mod:`dlmkit.diffusion.timesteps`); the draws are the same.
     A row can end up with no corrupted token (likely when ``p`` is small and the row short).
-    Draws per row: ``t``, then one uniform per position (two in per-block mode, the block's
-    ``t`` read at its first position).
+    Draws per row: ``u``, then one uniform per position (two in per-block mode, the block's
+    ``u`` read at its first position).
     """
     sup = _supervised(input_ids, loss_mask)
     check_mask_token(mask_token_id)
     eps = check_open_unit("eps", eps)
+    if isinstance(t_max, bool) or not isinstance(t_max, (int, float)) or \
+            not eps < t_max <= 1.0:
+        raise ValueError(f"t_max must be a number in (eps, 1] = ({eps}, 1], got {t_max!r}")
+    num_strata = check_positive_int("num_strata", num_strata)
     block_size = check_optional_block_size(block_size)
     batch, length = input_ids.shape
     cols = 1 if block_size is None else 2
     row_u, pos_u = rng.draw(generator, batch, length, 1, cols, input_ids.device)
-    p = (1.0 - eps) * _per_row_or_block(row_u, pos_u[..., -1], block_size) + eps
+    u = _per_row_or_block(row_u, pos_u[..., -1], block_size)
+    p = eps + (float(t_max) - eps) * timesteps.stratified(u, stratum, num_strata)
     noise = (pos_u[..., 0] < p) & sup
     noisy = torch.where(noise, torch.full_like(input_ids, mask_token_id), input_ids)
     return noisy, noise, p.to(torch.float32).contiguous()

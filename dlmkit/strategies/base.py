@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from dlmkit.diffusion.corruption import corrupt_uniform
+from dlmkit.diffusion.timesteps import check_time_sampling, strata
 from dlmkit.masks import MaskCache
 from dlmkit.models import build_model, forward_logits, load_exported
 
@@ -47,6 +49,10 @@ class Strategy:
     sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
+    # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
+    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
+    # None when the family cannot answer them.
+    likelihood: str | None = None
 
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
                  loss_chunk_size: int | None = None) -> None:
@@ -67,6 +73,32 @@ class Strategy:
 
     def validate(self) -> None:
         """Check ``self.config``; raise ValueError naming the bad option."""
+
+    def _noise_range_options(self) -> None:
+        """``t_min``/``t_max`` (the clipped range of the mask probability) and
+        ``time_sampling`` of the families that corrupt with :func:`corrupt_uniform`."""
+        lo, hi = self.config["t_min"], self.config["t_max"]
+        for key, value in (("t_min", lo), ("t_max", hi)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"strategy.{key} must be a number, got {value!r}")
+        if not 0 < lo < hi <= 1:
+            raise ValueError(f"strategy.t_min and strategy.t_max must satisfy "
+                             f"0 < t_min < t_max <= 1, got t_min={lo!r}, t_max={hi!r}")
+        check_time_sampling(self.config["time_sampling"])
+
+    def corrupt(self, corruption, batch: dict, generators, *args, **kwargs):
+        """``corruption(input_ids, loss_mask, *args, generator=generators, **kwargs)``; the
+        families that pack override it to corrupt document by document."""
+        return corruption(batch["input_ids"], batch["loss_mask"], *args, generator=generators,
+                          **kwargs)
+
+    def corrupt_uniform(self, batch: dict, generators, block_size: int | None = None):
+        """:func:`~dlmkit.diffusion.corrupt_uniform` with this family's noise range
+        (``t_min``, ``t_max``) and time sampling, per block of ``block_size`` or per row."""
+        stratum, num = self.time_strata(batch, block_size)
+        return self.corrupt(corrupt_uniform, batch, generators, self.mask_token_id,
+                            eps=float(self.config["t_min"]), t_max=float(self.config["t_max"]),
+                            block_size=block_size, stratum=stratum, num_strata=num)
 
     def _positive_option(self, key: str, allow_none: bool = False) -> None:
         value = self.config[key]
@@ -136,6 +168,19 @@ class Strategy:
         if batch.get("doc_ids") is not None and bool((batch["doc_ids"] > 0).any()):
             key += (batch["doc_ids"].cpu().numpy().tobytes(),)
         return key
+
+    def time_strata(self, batch: dict, block_size: int | None = None):
+        """``(stratum [B, L] or None, num_strata)`` for a corruption's stratified levels
+        (:mod:`dlmkit.diffusion.timesteps`): from the slots the recipe adds to a batch
+        (``doc_slot [B, D]``, ``num_slots``) and, per block, the block's index within its
+        document. ``None`` (i.i.d. levels) with ``time_sampling: iid`` or a batch without slots
+        (e.g. straight from the collator)."""
+        if self.config.get("time_sampling") != "stratified" or batch.get("doc_slot") is None:
+            return None, 1
+        slot = batch["doc_slot"].gather(1, batch["doc_ids"].clamp_min(0))
+        blocks = None if block_size is None else batch["position_ids"] // block_size
+        num = int(batch["num_slots"])
+        return strata(slot, num, blocks), num
 
     @staticmethod
     def logits(model, input_ids, mask, position_ids) -> torch.Tensor:

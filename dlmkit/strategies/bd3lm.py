@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlmkit.diffusion import MDLMLoss, corrupt_uniform
+from dlmkit.diffusion import MDLMLoss
 from dlmkit.masks import block_diffusion
 
 from .twostream import TwoStreamStrategy
@@ -11,17 +11,18 @@ from .twostream import TwoStreamStrategy
 class BD3LMStrategy(TwoStreamStrategy):
     name = "bd3lm"
     sampler = "bd3lm"
-    options = {"block_size": 4, "eps": 1e-3}
+    # Per-block mask probability in [t_min, t_max), stratified over the global batch.
+    options = {"block_size": 4, "t_min": 1e-3, "t_max": 1.0, "time_sampling": "stratified"}
     mask_factory = staticmethod(block_diffusion)
 
     def validate(self) -> None:
         super().validate()
+        self._noise_range_options()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
-        noisy, noise_mask, p_mask = self.corrupt(
-            corrupt_uniform, batch, generators, self.mask_token_id, eps=self.config["eps"],
-            block_size=self.config["block_size"])
+        noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators,
+                                                         self.config["block_size"])
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
 
     def counts(self, prepared):

@@ -4,7 +4,7 @@ diffusion logits (noisy half) and next-token logits (clean half); loss ``alpha L
 
 from __future__ import annotations
 
-from dlmkit.diffusion import HybridLoss, corrupt_blockwise, corrupt_uniform
+from dlmkit.diffusion import HybridLoss, corrupt_blockwise
 from dlmkit.diffusion.losses import next_token_scored
 from dlmkit.masks.hybrid import hybrid
 
@@ -16,8 +16,11 @@ CORRUPTIONS = ("uniform", "blockwise")
 class HybridStrategy(TwoStreamStrategy):
     name = "hybrid"
     sampler = "hybrid"
-    options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "eps": 1e-3,
-               "half_life_ratio": 0.25}
+    likelihood = "causal"  # its clean causal stream (the AR term)
+    # t_min/t_max/time_sampling: the uniform corruption's, as in mdlm (one level per
+    # document); blockwise takes t_min as its lowest level.
+    options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "t_min": 1e-3,
+               "t_max": 1.0, "time_sampling": "stratified", "half_life_ratio": 0.25}
     mask_factory = staticmethod(hybrid)
 
     @classmethod
@@ -27,6 +30,7 @@ class HybridStrategy(TwoStreamStrategy):
 
     def validate(self) -> None:
         super().validate()
+        self._noise_range_options()
         if self.config["corruption"] not in CORRUPTIONS:
             raise ValueError(f"strategy.corruption must be one of {CORRUPTIONS}, "
                              f"got {self.config['corruption']!r}")
@@ -35,12 +39,11 @@ class HybridStrategy(TwoStreamStrategy):
     def prepare(self, batch, generators):
         c = self.config
         if c["corruption"] == "uniform":
-            noisy, noise_mask, p_mask = self.corrupt(
-                corrupt_uniform, batch, generators, self.mask_token_id, eps=c["eps"])
+            noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators)
         else:
             noisy, noise_mask, p_mask = self.corrupt(
                 corrupt_blockwise, batch, generators, self.mask_token_id,
-                block_size=c["block_size"], eps=c["eps"], half_life_ratio=c["half_life_ratio"])
+                block_size=c["block_size"], eps=c["t_min"], half_life_ratio=c["half_life_ratio"])
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
 
     def counts(self, prepared):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlmkit.diffusion import MDLMLoss, corrupt_uniform
+from dlmkit.diffusion import MDLMLoss
 from dlmkit.masks.bidirectional import bidirectional
 
 from .base import Strategy
@@ -11,15 +11,17 @@ from .base import Strategy
 class MDLMStrategy(Strategy):
     name = "mdlm"
     sampler = "mdlm"
-    options = {"eps": 1e-3}
+    likelihood = "masked_elbo"
+    # The mask probability is drawn in [t_min, t_max), stratified over the global batch
+    # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
+    options = {"t_min": 1e-3, "t_max": 1.0, "time_sampling": "stratified"}
 
     def validate(self) -> None:
+        self._noise_range_options()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
-        noisy, noise_mask, p_mask = corrupt_uniform(
-            batch["input_ids"], batch["loss_mask"], self.mask_token_id, eps=self.config["eps"],
-            generator=generators)
+        noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators)
         return self.one_stream(batch, noisy, noise_mask, p_mask)
 
     def one_stream(self, batch, noisy, noise_mask, p_mask) -> dict:

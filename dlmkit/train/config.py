@@ -51,6 +51,9 @@ DEFAULTS: dict = {
     "strategy": {"name": "bd3lm"},
     "train": {
         "steps": 400,
+        "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
+        "epochs": None,           # passes over the training records; when set it decides the
+                                  # step count instead of steps (see dlmkit.train.budget)
         "global_batch_size": 64,
         "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
                                    # share); accumulation = global / (micro * world)
@@ -101,8 +104,9 @@ def _yaml(text: str):
 # Keys a resumed run may change: they do not alter what is trained (train.steps extends or
 # shortens the schedule's horizon; the rest is bookkeeping). Any other difference between a
 # resume's config and its checkpoint's is an error (see dlmkit.train.resume).
-RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.val_every", "train.save_every",
-                  "train.threads", "train.progress", "train.device", "output_dir")
+RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.log_every", "train.val_every",
+                  "train.save_every", "train.threads", "train.progress", "train.device",
+                  "output_dir")
 
 # Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
 # task's parameters): merged key by key, not checked against the defaults.
@@ -166,7 +170,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     config = copy.deepcopy(DEFAULTS)
     for layer in _layers(path, overrides):
         config = _merge(config, layer)
+        _one_budget(layer, config)
     return validate(config)
+
+
+def _one_budget(layer: dict, config: dict) -> None:
+    """Exactly one of train.steps / train.epochs decides: the one a layer sets clears the
+    other (a later ``--set`` overrides the file); setting both in one layer is an error."""
+    train = layer.get("train") if isinstance(layer.get("train"), dict) else {}
+    sets = [k for k in ("steps", "epochs") if train.get(k) is not None]
+    if len(sets) == 2:
+        raise ConfigError("train.steps and train.epochs are both set; exactly one decides the "
+                          f"budget: keep one (got steps={train['steps']!r}, "
+                          f"epochs={train['epochs']!r})")
+    if sets:
+        config["train"]["epochs" if sets[0] == "steps" else "steps"] = None
 
 
 def explicit_keys(path: str | Path | None = None,
@@ -238,7 +256,17 @@ def validate(config: dict) -> dict:
         value = t["micro_batch_size"]
         need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
              f"train.micro_batch_size must be a positive int or null, got {value!r}")
-    for key in ("steps", "global_batch_size", "log_every", "val_every",
+    from .best import FINAL_MODELS
+
+    need(t["final_model"] in FINAL_MODELS,
+         f"train.final_model must be one of {', '.join(FINAL_MODELS)}, got {t['final_model']!r}")
+    need(t["steps"] is None or positive_int(t["steps"]),
+         f"train.steps must be a positive int or null, got {t['steps']!r}")
+    need(t["epochs"] is None or (number(t["epochs"]) and t["epochs"] > 0),
+         f"train.epochs must be a number > 0 or null, got {t['epochs']!r}")
+    need(t["steps"] is not None or t["epochs"] is not None,
+         "train: set train.steps or train.epochs (the training budget)")
+    for key in ("global_batch_size", "log_every", "val_every",
                 "save_every"):
         need(positive_int(t[key]), f"train.{key} must be a positive int, got {t[key]!r}")
     need(number(t["lr"]) and t["lr"] > 0, f"train.lr must be > 0, got {t['lr']!r}")

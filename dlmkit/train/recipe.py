@@ -29,8 +29,11 @@ from dlmkit.data import (
     load_tokenizer,
 )
 from dlmkit.data.seeds import document_generators
+from dlmkit.data.slots import doc_slots
 from dlmkit.models import resolve_attention
 
+from .best import BestModel
+from .budget import resolve_budget
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
@@ -107,20 +110,34 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
+def prepare_micro_batches(step, strategy, dataset, collator, sampler, config,
+                          device: torch.device) -> list[dict]:
+    """This rank's micro-batches of ``step``, collated and prepared (corrupted, laid out) by
+    the strategy; no forward. Every random number is a function of ``(seed, step, sample)``
+    and of the sample's slot in the global batch, never of the rank/micro-batch split."""
+    prepared = []
+    for indices, repeats, first_slot in zip(sampler.micro_batches(step),
+                                            sampler.micro_batch_repeats(step),
+                                            sampler.micro_batch_slots()):
+        batch = to_device(collator([dataset[i] for i in indices]), device)
+        # Each document's slot in the global batch: stratified noise levels (timesteps.py).
+        batch["doc_slot"] = doc_slots(batch["doc_sample_index"], indices, first_slot)
+        batch["num_slots"] = sampler.global_batch_size
+        # One generator per document (per row unless packed), each seeded from its own
+        # (seed, step, sample, repeat): the noise does not depend on packing or the split.
+        generators = document_generators(config["seed"], step, batch,
+                                         list(zip(indices, repeats)), device)
+        prepared.append(strategy.prepare(batch, generators))
+    return prepared
+
+
 def accumulate_gradients(step, model, strategy, dataset, collator, sampler, config,
                          world: World, extras: dict | None = None) -> tuple[float, int]:
     """Forward and backward over this rank's micro-batches of ``step``; leaves the whole-batch
     gradient in ``.grad``. Returns (global loss, tokens fed on this rank); ``extras``, when
     given, receives the loss extras summed over micro-batches and ranks."""
-    seed = config["seed"]
-    prepared = []
-    for indices, repeats in zip(sampler.micro_batches(step), sampler.micro_batch_repeats(step)):
-        batch = to_device(collator([dataset[i] for i in indices]), world.device)
-        # One generator per document (per row unless packed), each seeded from its own
-        # (seed, step, sample, repeat): the noise does not depend on packing or the split.
-        generators = document_generators(seed, step, batch, list(zip(indices, repeats)),
-                                         world.device)
-        prepared.append(strategy.prepare(batch, generators))
+    prepared = prepare_micro_batches(step, strategy, dataset, collator, sampler, config,
+                                     world.device)
 
     # Global denominators: summed over micro-batches and ranks before any forward.
     keys = sorted(strategy.counts(prepared[0]))
@@ -192,6 +209,8 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
 
     def prepared(indices):
         batch = to_device(collator([dataset[i] for i in indices]), world.device)
+        # Validation strata: the whole set, one slot per sample (its index).
+        batch["doc_slot"], batch["num_slots"] = batch["doc_sample_index"], len(dataset)
         return strategy.prepare(batch, document_generators(config["seed"], None, batch,
                                                            device=world.device))
 
@@ -219,15 +238,16 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
 
 
 def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World,
-                 train_set) -> Path:
-    """``RUN/final``: a Hugging Face directory (safetensors, config, tokenizer) + dlmkit.json.
+                 train_set, name: str = "final", meta: dict | None = None) -> Path:
+    """``RUN/final`` (or ``RUN/<name>``): a Hugging Face directory (safetensors, config,
+    tokenizer) + dlmkit.json (with ``meta`` added).
 
     ``dlmkit.json`` records the strategy and its options (the samplers' defaults) and
     ``max_new_tokens``: the longest response seen in training, rounded up to the strategy's
     block, the default generation length (a masked-diffusion model decodes best on a canvas
     of the lengths it was trained on).
     """
-    final = run_dir / "final"
+    final = run_dir / name
     if world.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -259,6 +279,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "max_new_tokens": _round_up(int(train_set.supervised_lengths.max()),
                                         strategy.config.get("block_size") or 1),
             **strategy.export_meta(),
+            **(meta or {}),
         }, indent=1))
     barrier(world)
     return final
@@ -435,6 +456,9 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
                         desc="")
     c = build_components(config, world)
     c = apply_length_cap_policy(c, config, world, messages)
+    budget = resolve_budget(config, len(c.train_set))  # train.epochs -> train.steps
+    if budget:
+        messages.message(budget)
     tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
     train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
     model, optimizer, scheduler = c.model, c.optimizer, c.scheduler
@@ -459,6 +483,12 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         if plan is not None:
             plan.record(run_dir, start)
     metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
+    best = BestModel(run_dir, enabled=val_set is not None and t["final_model"] == "best",
+                     is_main=world.is_main)
+
+    def export(name: str, meta: dict) -> Path:
+        return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
+                            name=name, meta=meta)
 
     progress = Progress(enabled=world.is_main, show_steps=t["progress"], total=t["steps"],
                         initial=start, desc=f"train {strategy.name}")
@@ -482,6 +512,7 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             val_loss = validate(model, strategy, val_set, collator, config, world)
             metrics.write({"split": "validation", "step": done, "loss": val_loss})
             progress.message(f"step {done}: validation loss {val_loss:.4f}")
+            best.offer(done, val_loss, export)
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
         if done % t["save_every"] == 0 or done == t["steps"]:
             status.checkpoint = save_checkpoint(run_dir, done, model, optimizer, scheduler,
@@ -492,7 +523,7 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    final = export_final(run_dir, model, tokenizer, config, strategy, world, train_set)
+    final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
         print(f"run directory: {run_dir}\nfinal model: {final}")

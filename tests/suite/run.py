@@ -1,0 +1,90 @@
+"""Train one family on one suite task with the documented defaults and score it.
+
+    python tests/suite/run.py FAMILY TASK [--tokenizer byte|bpe] [--out DIR] [--set k=v ...]
+
+Only the data files (and the tokenizer) are set, as a new user would; ``--set`` adds config
+overrides (for controls). Prints one JSON line: family, task, tokenizer, steps, the last and
+best validation loss, exact match of ``final/`` on the test split (last assistant turn, every
+earlier turn given as written) and the wall time of training and of scoring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import generate as suite  # noqa: E402
+
+
+def score(model_dir: Path, test_file: Path, **sampler_options) -> dict:
+    """Exact match of the export on ``test_file``'s last assistant turns (what
+    ``dlmkit eval --model DIR --data FILE --last-turn`` prints)."""
+    from dlmkit.data import load_records
+    from dlmkit.generate import load
+    from dlmkit.generate.evaluation import conversation_turns, score_turns
+
+    loaded = load(model_dir)
+    turns = conversation_turns(load_records(test_file), last_turn_only=True)
+    start = time.perf_counter()
+    rows, totals = score_turns(loaded.model, loaded.tokenizer, turns,
+                               loaded.config(**sampler_options), batch_size=50)
+    correct = sum(r["correct"] for r in rows)
+    return {"exact_match": round(100.0 * correct / max(len(rows), 1), 1), "n": len(rows),
+            "forwards": totals.forwards, "score_s": round(time.perf_counter() - start, 1),
+            "examples": [(r["reference"], r["prediction"]) for r in rows[:3]]}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("family")
+    parser.add_argument("task", choices=suite.TASKS)
+    parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
+    parser.add_argument("--data", type=Path, default=HERE / "data")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--score-only", type=Path, metavar="RUN",
+                        help="score an existing run directory instead of training")
+    args = parser.parse_args(argv)
+
+    from dlmkit.train import load_config, run
+
+    if args.score_only:
+        print(json.dumps(score(args.score_only / "final", args.data / args.task / "test.jsonl")))
+        return 0
+    if not (args.data / args.task / "train.jsonl").is_file():
+        suite.main([str(args.data)])
+    data = args.data / args.task
+    tokenizer = "byte" if args.tokenizer == "byte" else str(args.data / "bpe")
+    out = args.out or Path("runs") / f"suite-{args.family}-{args.task}-{args.tokenizer}"
+    config = load_config(None, [
+        f"strategy.name={args.family}", "data.task=null",
+        f"data.train_files=[{data / 'train.jsonl'}]",
+        f"data.validation_files=[{data / 'validation.jsonl'}]",
+        f"data.tokenizer={tokenizer}", f"output_dir={out}", "train.progress=false",
+        *args.overrides])
+    if out.exists():  # this script's own output directory: a rerun replaces it
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    run(config)
+    train_s = time.perf_counter() - start
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    val = [r["loss"] for r in records if r["split"] == "validation"]
+    steps = max((r["step"] for r in records), default=0)
+    result = {"family": args.family, "task": args.task, "tokenizer": args.tokenizer,
+              "steps": steps, "val_last": val[-1] if val else None,
+              "val_best": min(val) if val else None, "train_s": round(train_s, 1),
+              "overrides": args.overrides,
+              **score(out / "final", data / "test.jsonl")}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
