@@ -30,7 +30,7 @@ lint: install
 	$(BIN)/ruff check dlmkit tests bench
 
 bench: install
-	$(BIN)/python bench/masks.py
+	$(BIN)/python bench/masks.py training
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
