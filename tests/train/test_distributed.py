@@ -74,3 +74,22 @@ def test_resume_under_torchrun_is_bit_exact(tmp_path, kind):
             + ["--resume"], nproc=2)
     assert losses(resumed) == losses(full)
     assert losses(resumed, "validation") == losses(full, "validation")
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_dflash_two_ranks_match_one_process(tmp_path, kind):
+    """The drafter's loss and the draft accuracies (extras summed over ranks) of 2 ranks equal
+    one process's; the frozen target is loaded on every rank and never wrapped."""
+    from .helpers import records
+
+    single = tmp_path / "single"
+    run_cli(cli_args(single, *SETTINGS, strategy="dflash"))
+    run_dir = tmp_path / kind
+    run_cli(cli_args(run_dir, *SETTINGS, f"train.distributed={kind}", strategy="dflash"),
+            nproc=2)
+    assert losses(run_dir) == pytest.approx(losses(single), rel=1e-4)
+    two, one = records(run_dir), records(single)
+    assert [r["dropped_samples"] for r in two] == [r["dropped_samples"] for r in one]
+    # step 1 runs the same weights on both sides: the same argmax hits, counted once
+    assert {k: v for k, v in two[0].items() if k.startswith("draft_acc")} == pytest.approx(
+        {k: v for k, v in one[0].items() if k.startswith("draft_acc")}, abs=1e-9)
