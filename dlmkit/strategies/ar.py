@@ -16,6 +16,7 @@ from .base import Strategy
 class ARStrategy(Strategy):
     name = "ar"
     sampler = "ar"
+    likelihood = "causal"
     options: dict = {}
 
     def prepare(self, batch, generators):

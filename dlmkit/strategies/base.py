@@ -53,6 +53,10 @@ class Strategy:
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
     # None when the family cannot answer them.
     likelihood: str | None = None
+    # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
+    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
+    # None when the family cannot answer them.
+    likelihood: str | None = None
 
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
                  loss_chunk_size: int | None = None) -> None:

@@ -13,6 +13,7 @@ from .twostream import TwoStreamStrategy
 class IDLMStrategy(TwoStreamStrategy):
     name = "idlm"
     sampler = "idlm"
+    likelihood = "causal"  # the clean stream (shifted CE on x_0)
     options = {"block_size": 4, "clean_loss_weight": 0.2, "auto_balance": False}
     mask_factory = staticmethod(idlm)
 

@@ -14,6 +14,8 @@ class SCDDStrategy(MDLMStrategy):
 
     name = "scdd"
     sampler = "scdd"
+    # The absorbing-process bound with its denoiser (SCDD decodes with its own schedule).
+    likelihood = "masked_elbo"
     options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5}
 
     @classmethod

@@ -1,0 +1,75 @@
+"""Log-likelihood of a continuation given a prompt, by what a family's export can answer.
+
+A strategy's ``likelihood`` attribute names the scorer (:data:`SCORERS`):
+
+* ``causal`` -- exact: the clean causal stream (``ar``, and the clean stream that ``hybrid``
+  and ``idlm`` train with a shifted CE) predicts token ``i + 1`` at ``i``; the log-likelihood
+  is the sum of the continuation tokens' log-probabilities, and the continuation is greedy
+  when each is its position's argmax.
+* ``masked_elbo`` -- a Monte-Carlo estimate of the masked-diffusion evidence lower bound
+  (MDLM / LLaDA, one bidirectional stream over ``x_t``, unshifted logits). For a continuation
+  of ``L`` tokens after a clean prompt, each sample draws ``l ~ U{1..L}``, masks ``l`` of the
+  continuation tokens uniformly at random and scores ``(L / l) * sum over the masked tokens of
+  log p(x_i | x_t)``; its expectation is the ELBO (``<= log p``), the mean over ``samples``
+  draws is the estimate (LLaDA's low-variance form of the ``1/t``-weighted bound). Log-probs
+  are over the whole vocabulary, as in the training loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .runner import Runner, left_pad, positions
+
+
+def causal_loglikelihood(runner: Runner, rows: Sequence[tuple[Sequence[int], Sequence[int]]],
+                         *, pad_id: int) -> list[tuple[float, bool]]:
+    """``[(log p(continuation | prompt), is_greedy)]`` for ``rows`` of ``(prompt ids,
+    continuation ids)`` (a non-empty prompt each), in one left-padded batch."""
+    from dlmkit.masks.causal import padded_causal
+
+    ids, valid = left_pad([list(p) + list(c) for p, c in rows], pad_id, runner.device)
+    logits = runner(ids, padded_causal(ids.shape[1], valid, device=ids.device), positions(valid))
+    logp = torch.log_softmax(logits[:, :-1], -1)  # position i predicts i + 1
+    out = []
+    for row, (_, cont) in enumerate(rows):
+        n = len(cont)
+        target = ids[row, -n:]
+        scores = logp[row, -n:]
+        picked = scores.gather(1, target.unsqueeze(1)).squeeze(1)
+        out.append((float(picked.double().sum()), bool((scores.argmax(-1) == target).all())))
+    return out
+
+
+def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
+                mask_id: int, samples: int, generator: torch.Generator,
+                batch_size: int = 32) -> float:
+    """The Monte-Carlo masked-diffusion ELBO of ``continuation`` after ``prompt`` (see the
+    module docstring); ``samples`` draws, at most ``batch_size`` per forward."""
+    from dlmkit.masks.bidirectional import bidirectional
+
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    n, p = len(continuation), len(prompt)
+    seq = torch.tensor(list(prompt) + list(continuation), device=runner.device)
+    target = seq[p:]
+    total = 0.0
+    for at in range(0, samples, batch_size):
+        count = min(batch_size, samples - at)
+        drawn = torch.randint(1, n + 1, (count,), generator=generator, device=generator.device)
+        order = torch.rand(count, n, generator=generator, device=generator.device).argsort(1)
+        masked = (order < drawn.unsqueeze(1).to(order.device)).to(runner.device)
+        x = seq.repeat(count, 1)
+        x[:, p:] = torch.where(masked, mask_id, target)
+        pos = torch.arange(p + n, device=runner.device).expand(count, -1)
+        logits = runner(x, bidirectional(p + n, None, device=runner.device), pos)
+        logp = torch.log_softmax(logits[:, p:], -1).gather(2, target.expand(count, -1)
+                                                          .unsqueeze(2)).squeeze(2)
+        weight = n / drawn.to(runner.device).double()
+        total += float(((logp.double() * masked).sum(1) * weight).sum())
+    return total / samples
+
+
+SCORERS = ("causal", "masked_elbo")

@@ -1,0 +1,181 @@
+"""The lm-evaluation-harness adapter: exact causal log-likelihoods, the Monte-Carlo ELBO, and
+lm-eval runs offline on local task definitions over JSONL files the test writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dlmkit.generate.likelihood import causal_loglikelihood, masked_elbo
+from dlmkit.generate.runner import Runner
+
+from .helpers import TOK, Rigged, V, positional_logits, prompt_ids, tiny_model
+
+lm_eval = pytest.importorskip("lm_eval")
+
+
+def test_causal_loglikelihood_is_exact():
+    model = tiny_model()
+    prompts = prompt_ids("rev abc", "x")
+    with torch.no_grad():  # the greedy continuation of prompt 0, by the plain HF forward
+        ids = list(prompts[0])
+        for _ in range(3):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    greedy = ids[len(prompts[0]):]
+    rows = [(prompts[0], greedy), (prompts[1], [97, 98]), (prompts[0], [greedy[0], 5])]
+    got = causal_loglikelihood(Runner(model), rows, pad_id=TOK.pad_token_id)
+    for (prompt, cont), (score, is_greedy) in zip(rows, got):
+        seq = torch.tensor([list(prompt) + list(cont)])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=seq).logits[0].double(), -1)
+        want = sum(float(logp[len(prompt) + i - 1, t]) for i, t in enumerate(cont))
+        assert score == pytest.approx(want, abs=1e-4)
+        assert is_greedy == (cont == greedy)
+    assert [g for _, g in got] == [True, False, False]
+
+
+def test_masked_elbo_estimates_the_bound():
+    prompt, cont = [1, 2, 3], [7, 8, 9, 10]
+    # Input-independent uniform logits: every sample scores (L / l) * l * log(1/V) exactly.
+    seen = []
+
+    def uniform(ids, pos):
+        seen.append(ids.clone())
+        return torch.zeros(*ids.shape, V)
+
+    g = torch.Generator().manual_seed(0)
+    score = masked_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=TOK.mask_token_id,
+                        samples=10, generator=g, batch_size=4)
+    assert score == pytest.approx(-len(cont) * math.log(V))
+    rows = torch.cat(seen)
+    assert rows.shape == (10, 7) and (rows[:, :3] == torch.tensor(prompt)).all()
+    masked = rows[:, 3:] == TOK.mask_token_id
+    assert ((rows[:, 3:] == torch.tensor(cont)) | masked).all()
+    assert (masked.sum(1) >= 1).all() and (masked.sum(1) <= 4).all()
+
+    # Position-dependent log-probs: the mean of many draws approaches sum_i log p_i (for an
+    # input-independent model the ELBO is tight).
+    fn = positional_logits(sharp=2.0, target=lambda p: 7 + (p - 3) % 4)
+
+    def no_mask_bonus(ids, pos):
+        logits = fn(ids, pos)
+        logits[..., TOK.mask_token_id] = 0.0
+        logits[..., 9] += torch.where(pos == 6, 3.0, 0.0)  # position 6 (target 10) differs
+        return logits
+
+    logp = torch.log_softmax(no_mask_bonus(torch.zeros(1, 7, dtype=torch.long),
+                                           torch.arange(7).unsqueeze(0))[0], -1)
+    exact = sum(float(logp[3 + i, t]) for i, t in enumerate(cont))
+    estimate = masked_elbo(Runner(Rigged(no_mask_bonus)), prompt, cont,
+                           mask_id=TOK.mask_token_id, samples=4000,
+                           generator=torch.Generator().manual_seed(1), batch_size=1000)
+    assert estimate == pytest.approx(exact, rel=0.03)
+    with pytest.raises(ValueError, match="samples must be an int >= 1"):
+        masked_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=0, samples=0, generator=g)
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    def save(strategy, block_size=None):
+        path = tmp_path_factory.mktemp(strategy)
+        tiny_model().save_pretrained(path)
+        TOK.save_pretrained(path)
+        (path / "dlmkit.json").write_text(json.dumps({
+            "strategy": strategy, "block_size": block_size, "task": None,
+            "mask_token_id": TOK.mask_token_id, "options": {}, "max_new_tokens": 4}))
+        return path
+
+    return save
+
+
+def write_tasks(root):
+    """A generation task and a multiple-choice (log-likelihood) task over local JSONL."""
+    data = root / "qa.jsonl"
+    rows = [{"question": "rev ab", "answer": "ba", "choices": ["ba", "ab", "zz"], "label": 0},
+            {"question": "sort 21", "answer": "12", "choices": ["21", "12"], "label": 1},
+            {"question": "x", "answer": "y", "choices": ["y", "q"], "label": 0}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
+              "test_split: test\ndoc_to_text: '{{question}}'\n")
+    (root / "tiny_gen.yaml").write_text(
+        "task: tiny_gen\n" + common + "output_type: generate_until\n"
+        "doc_to_target: '{{answer}}'\ntarget_delimiter: ''\n"
+        "generation_kwargs:\n  until: ['\\n']\n  max_gen_toks: 4\n"
+        "metric_list:\n  - metric: exact_match\n")
+    (root / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n" + common + "output_type: multiple_choice\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{label}}'\ntarget_delimiter: ''\n"
+        "metric_list:\n  - metric: acc\n")
+    return rows
+
+
+def evaluate(path, tasks, root, **model_args):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import dlmkit.generate.harness  # noqa: F401  (registers the model)
+
+    args = ",".join(f"{k}={v}" for k, v in {"pretrained": path, **model_args}.items())
+    return simple_evaluate(model="dlmkit", model_args=args, tasks=tasks,
+                           task_manager=TaskManager(include_path=str(root)), log_samples=True,
+                           bootstrap_iters=0)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.mark.slow
+def test_lm_eval_generation_and_loglikelihood_on_a_local_task(export, tmp_path, offline):
+    from dlmkit.generate.harness import DlmkitLM
+
+    rows = write_tasks(tmp_path)
+    path = export("ar")
+    out = evaluate(path, ["tiny_gen", "tiny_mc"], tmp_path, batch_size=2)
+    lm = DlmkitLM(pretrained=str(path))
+    # Generation: the adapter's answers are the model's own sampler outputs.
+    gen = out["samples"]["tiny_gen"]
+    requests = [SimpleNamespace(args=(r["question"], {"until": ["\n"], "max_gen_toks": 4}))
+                for r in rows]
+    texts = lm.generate_until(requests)
+    assert [s["resps"][0][0] for s in sorted(gen, key=lambda s: s["doc_id"])] == texts
+    hits = sum(t.strip() == r["answer"] for t, r in zip(texts, rows))
+    assert out["results"]["tiny_gen"]["exact_match,none"] == pytest.approx(hits / len(rows))
+    # Log-likelihood: lm-eval's accuracy is the argmax of the adapter's exact scores.
+    picks = []
+    for row in rows:
+        scores = lm.loglikelihood([SimpleNamespace(args=(row["question"], c))
+                                   for c in row["choices"]])
+        assert all(s < 0 for s, _ in scores)
+        picks.append(max(range(len(scores)), key=lambda i: scores[i][0]) == row["label"])
+    assert out["results"]["tiny_mc"]["acc,none"] == pytest.approx(sum(picks) / len(rows))
+
+
+@pytest.mark.slow
+def test_lm_eval_masked_diffusion_elbo_and_unanswerable_family(export, tmp_path, offline):
+    write_tasks(tmp_path)
+    out = evaluate(export("mdlm"), ["tiny_mc"], tmp_path, mc_samples=4, batch_size=4)
+    scores = [s["resps"][0][0][0] for s in out["samples"]["tiny_mc"]]
+    assert all(math.isfinite(s) and s < 0 for s in scores)
+    with pytest.raises(ValueError, match=r"strategy 'bd3lm' cannot score a continuation; "
+                                         r"families that can: .*ar.* \(exact\), mdlm"):
+        evaluate(export("bd3lm", 4), ["tiny_mc"], tmp_path)
+
+
+def test_bad_model_args(export):
+    from dlmkit.generate.harness import DlmkitLM
+
+    path = str(export("ar"))
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['stepz'\]; valid: pretrained"):
+        DlmkitLM(pretrained=path, stepz=3)
+    with pytest.raises(ValueError, match="mc_samples must be an int >= 1"):
+        DlmkitLM(pretrained=path, mc_samples=0)
+    lm = DlmkitLM(pretrained=path)
+    with pytest.raises(ValueError, match="loglikelihood_rolling .* not supported"):
+        lm.loglikelihood_rolling([])
