@@ -154,7 +154,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     spec, hf = decode(args.target, args.draft, args.task, args.n)
     print(json.dumps({"threads": args.threads, "decode": spec, "transformers": hf,
-                      "train_step": train_share(args.draft, args.train_steps),
+                      "train_step": train_share(args.draft, args.train_steps)
+                      if args.train_steps else None,
                       "draft_acc_k": acc_curves(args.draft, args.out)}, indent=1))
 
 
