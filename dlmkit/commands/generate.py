@@ -13,6 +13,8 @@ SAMPLER_FLAGS = {
     "max_new_tokens": int, "steps": int, "block_size": int, "temperature": float,
     "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
     "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
+    "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
+    "confidence_threshold": float,
 }
 
 
@@ -62,6 +64,17 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--gamma-shape", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--t-peak", type=float, help="scdd schedule (default: as trained)")
+    group.add_argument("--entropy-bound", type=float,
+                       help="block_diffusion: entropy-bound commit rule (transformers' "
+                            "DiffusionGemma sampler; default: off, use --remasking)")
+    group.add_argument("--t-min", type=float,
+                       help="block_diffusion: temperature at a canvas's last step (with --t-max)")
+    group.add_argument("--t-max", type=float,
+                       help="block_diffusion: temperature at a canvas's first step")
+    group.add_argument("--stability-threshold", type=int,
+                       help="block_diffusion adaptive stopping: steps the argmax must hold")
+    group.add_argument("--confidence-threshold", type=float,
+                       help="block_diffusion adaptive stopping: mean-entropy bound")
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
