@@ -3,6 +3,7 @@ trains under bf16 autocast (``train.autocast: auto``)."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def test_auto_is_flex_and_autocast_is_bf16():
 def test_recipe_trains_on_cuda_with_flex(tmp_path, name):
     assert name in strategies.names()
     config = load_config(None, [*TINY, f"strategy.name={name}", f"output_dir={tmp_path / name}"])
-    run_dir = run(config)
+    run_dir = Path(run(config))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]
     assert len(train) == 2 and all(math.isfinite(r["loss"]) for r in train)
