@@ -45,14 +45,13 @@ class Strategy:
     # Block-align each sample's final response, not the whole sample (canvas blocks that
     # start at the response: the collator's ``fill_from_response``).
     fill_from_response: bool = False
+    # ``data.supervise_padding: null`` takes this: the one-stream masked families decode on a
+    # canvas longer than most answers, so they must learn to fill its tail with padding.
+    supervise_padding: bool = False
     # The generate sampler that decodes this family's export (``dlmkit generate`` default).
     sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
-    # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
-    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
-    # None when the family cannot answer them.
-    likelihood: str | None = None
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
     # None when the family cannot answer them.

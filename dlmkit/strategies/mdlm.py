@@ -12,10 +12,10 @@ class MDLMStrategy(Strategy):
     name = "mdlm"
     sampler = "mdlm"
     likelihood = "masked_elbo"
-    likelihood = "masked_elbo"
     # The mask probability is drawn in [t_min, t_max), stratified over the global batch
     # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
     options = {"t_min": 1e-3, "t_max": 1.0, "time_sampling": "stratified"}
+    supervise_padding = True  # (inherited by SCDD)
 
     def validate(self) -> None:
         self._noise_range_options()

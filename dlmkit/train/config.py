@@ -29,7 +29,8 @@ DEFAULTS: dict = {
         "block_align": True,      # pad each sample to a multiple of the strategy's block size
         "pad_seq_len_divisible": None,
         "max_seq_len": 128,
-        "supervise_padding": False,
+        "supervise_padding": None,  # score the padding after a sample (None = the strategy's
+                                    # choice: true for mdlm/scdd, false otherwise)
         "pack": False,
         # A record longer than max_seq_len is cut. error: a record left with no supervised
         # token is an error; drop: records longer than the cap are left out; truncate: every
@@ -261,7 +262,7 @@ def validate(config: dict) -> dict:
     need(t["final_model"] in FINAL_MODELS,
          f"train.final_model must be one of {', '.join(FINAL_MODELS)}, got {t['final_model']!r}")
     need(t["steps"] is None or positive_int(t["steps"]),
-         f"train.steps must be a positive int or null, got {t['steps']!r}")
+         f"train.steps must be a positive int, got {t['steps']!r} (or null with train.epochs)")
     need(t["epochs"] is None or (number(t["epochs"]) and t["epochs"] > 0),
          f"train.epochs must be a number > 0 or null, got {t['epochs']!r}")
     need(t["steps"] is not None or t["epochs"] is not None,
@@ -310,6 +311,8 @@ def validate(config: dict) -> dict:
     need(m["name"] is None or isinstance(m["name"], str),
          f"model.name must be a string (a preset or a model directory) or null, "
          f"got {m['name']!r}")
+    need(d["supervise_padding"] is None or isinstance(d["supervise_padding"], bool),
+         f"data.supervise_padding must be true, false or null, got {d['supervise_padding']!r}")
     need(d["truncation"] in TRUNCATION_POLICIES,
          f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, "
          f"got {d['truncation']!r}")

@@ -67,9 +67,11 @@ def build_collator(config: dict, tokenizer, strategy) -> Collator:
         packing = [n for n in strategies.names() if strategies.get(n).supports_packing]
         raise ConfigError(f"data.pack is not supported by strategy {strategy.name!r}; "
                           f"use one of {packing}")
+    supervise_padding = strategy.supervise_padding if d["supervise_padding"] is None \
+        else d["supervise_padding"]
     return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                     block_size=block, pad_seq_len_divisible=d["pad_seq_len_divisible"],
-                    max_seq_len=d["max_seq_len"], supervise_padding=d["supervise_padding"],
+                    max_seq_len=d["max_seq_len"], supervise_padding=supervise_padding,
                     pack=d["pack"], fill_from_response=strategy.fill_from_response)
 
 
