@@ -20,7 +20,8 @@ CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 STEPS = ["train.steps=12", "train.save_every=3", "train.val_every=6"]
 
 
-@pytest.mark.parametrize("name", ["mdlm", "dflash", "block_diffusion",
+@pytest.mark.parametrize("name", ["mdlm", "block_diffusion",
+                                  pytest.param("dflash", marks=pytest.mark.slow),
                                   pytest.param("bd3lm", marks=pytest.mark.slow)])
 def test_kill_and_resume_is_bit_exact(tmp_path, name):
     straight = tmp_path / "straight"
