@@ -197,12 +197,16 @@ class DFlashDrafter(PreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.norm(x), cache=cache)
 
 
-def register_auto_classes() -> None:
-    """Make ``AutoConfig``/``AutoModel`` resolve ``model_type: dlmkit_dflash`` (idempotent)."""
+def _register_auto_classes() -> None:
+    """``AutoConfig``/``AutoModel`` resolve ``model_type: dlmkit_dflash`` once this module is
+    imported, so an exported drafter loads like any transformers model."""
     from transformers import AutoConfig, AutoModel
 
     try:
         AutoConfig.register(DFlashDraftConfig.model_type, DFlashDraftConfig)
         AutoModel.register(DFlashDraftConfig, DFlashDrafter)
-    except ValueError:  # already registered
+    except ValueError:  # already registered (module reloaded)
         pass
+
+
+_register_auto_classes()

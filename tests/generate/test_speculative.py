@@ -182,3 +182,62 @@ def test_drafter_must_fit_the_target():
         DFlashPair(target, deep)
     with pytest.raises(ValueError, match="block_size must be an int >= 2"):
         DFlashDraftConfig(block_size=1)
+
+
+@pytest.mark.slow
+def test_speculative_sampling_end_to_end_gives_the_target_joint_distribution():
+    """Whole decoding loop (drafter, verification, cache crops), a vocabulary of 8: the joint
+    law of the first two sampled tokens equals the target's ``p(t1) p(t2 | t1)`` (chi-square
+    over 49 cells, 3000 draws), with drafts both accepted and rejected along the way."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    vocab, mask = 8, 7  # no stop token (stop_ids=(99,) below never occurs)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                          num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=4)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(30)  # peaked, unequal distributions (not near-uniform)
+    config = DFlashDraftConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                               block_size=3, mask_token_id=mask, target_layer_ids=[0, 1],
+                               target_hidden_size=32, vocab_size=vocab)
+    pair = DFlashPair(target, DFlashDrafter(config).eval())
+    prompt = [1, 2, 3]
+    with torch.no_grad():
+        p1 = target(input_ids=torch.tensor([prompt])).logits[0, -1, :mask].softmax(-1)
+        rows = torch.tensor([prompt + [t] for t in range(mask)])
+        p2 = target(input_ids=rows).logits[:, -1, :mask].softmax(-1)
+    joint = p1[:, None] * p2  # [t1, t2]
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(mask, mask)
+    trials = 3000
+    for _ in range(trials):
+        out = speculative_decode(pair, prompt, max_new_tokens=3, temperature=1.0,
+                                 stop_ids=(99,), mask_id=mask, generator=g)
+        counts[out[0], out[1]] += 1
+    expected = joint * trials
+    big = expected >= 5  # pool the rare cells into one
+    stat = ((counts[big] - expected[big]) ** 2 / expected[big]).sum()
+    rest_e, rest_c = expected[~big].sum(), counts[~big].sum()
+    if rest_e > 0:
+        stat += (rest_c - rest_e) ** 2 / rest_e
+    cells = int(big.sum()) + int(rest_e > 0)
+    # chi-square with cells - 1 dof: mean cells - 1, sd sqrt(2 (cells - 1)); 5 sd is ~1e-6
+    assert stat < cells - 1 + 5 * (2 * (cells - 1)) ** 0.5, (float(stat), cells)
+    st = pair.stats
+    assert 0 < st["verified_tokens"] - st["verify_forwards"] < st["verify_forwards"] * 2
+
+
+def test_drafter_loads_with_transformers_auto_classes(tmp_path):
+    """An exported drafter is an ordinary transformers model (``AutoModel``), so it plugs into
+    ``generate(assistant_model=...)`` without dlmkit's loader."""
+    from transformers import AutoModel
+
+    target = tiny_model(0)
+    drafter = drafter_for(target)
+    drafter.save_pretrained(tmp_path)
+    loaded = AutoModel.from_pretrained(tmp_path)
+    assert type(loaded) is DFlashDrafter
+    assert loaded.config.target_layer_ids == drafter.config.target_layer_ids
+    for name, value in drafter.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
