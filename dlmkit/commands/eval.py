@@ -21,8 +21,9 @@ def add_parser(subparsers) -> None:
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--task", help="bundled task (default: the model's training task)")
     parser.add_argument("--data", action="append", metavar="FILE",
-                        help="test file(s) in a training format (JSONL/JSON/Parquet with "
-                             "prompt/response or messages records; repeat for several)")
+                        help="test file(s) in a training format (JSONL/JSON/Parquet/CSV or a "
+                             "saved HF dataset; prompt/response, messages, ShareGPT or Alpaca "
+                             "records; repeat for several)")
     parser.add_argument("--field", action="append", metavar="FIELD=NAME", default=[],
                         help="with --data: the data's name for a format field, e.g. "
                              "prompt=question (default: the model's training data.fields)")
@@ -76,7 +77,8 @@ def run(args) -> int:
     if not name and not args.data:
         raise SystemExit(f"error: {args.model} was trained on data files, not a bundled task: "
                          "pass a test file in the training format with --data FILE (JSONL, "
-                         "JSON or Parquet records), or a bundled task with --task "
+                         "JSON, Parquet, CSV or a saved Hugging Face dataset), or a bundled "
+                         "task with --task "
                          f"({', '.join(task_names())})")
     try:
         if args.data:
