@@ -21,8 +21,10 @@ tokens:
 
 4. **adaptive stopping** (``stability_threshold`` and ``confidence_threshold``): a row stops
    denoising when its argmax canvas has not changed for ``stability_threshold`` steps and its
-   mean token entropy is below ``confidence_threshold``; the canvas ends when every row has
-   stopped or its steps (:meth:`SamplerConfig.block_steps`) run out;
+   mean token entropy is below ``confidence_threshold``; under the confidence rules a row also
+   stops once a step accepts every position (with ``threshold``: all that confident). The
+   canvas ends when every row has stopped or its steps (:meth:`SamplerConfig.block_steps`) run
+   out;
 5. the canvas's argmax is its output; it is encoded into the cache (one encoder forward) for
    the next canvas. A row ends at a canvas containing a stop token; the batch stops when every
    row has.
@@ -206,12 +208,16 @@ def sample_canvas(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
             accepted = torch.where(accept, proposal, current)
             noise = _uniform_tokens(generator, batch, S, vocab, device)
             new_current = torch.where(accept, accepted, noise)
+            if bool(done.any()):  # a row that stopped keeps its canvas and logits
+                new_argmax = torch.where(done[:, None], argmax, new_argmax)
+                new_current = torch.where(done[:, None], current, new_current)
+                scaled = torch.where(done[:, None, None], previous, scaled)
             if stopping is not None:
-                if bool(done.any()):  # a row that stopped keeps its canvas and logits
-                    new_argmax = torch.where(done[:, None], argmax, new_argmax)
-                    new_current = torch.where(done[:, None], current, new_current)
-                    scaled = torch.where(done[:, None, None], previous, scaled)
                 done |= stopping(new_argmax, scaled)
+            if cfg.entropy_bound is None:
+                # every position took the proposal: the canvas is committed (at temperature 0
+                # it is its own argmax), so a threshold can end a canvas early
+                done |= accept.all(-1)
             current, argmax = new_current, new_argmax
             previous = scaled.to(model.model.decoder.embed_tokens.weight.dtype)
             if bool(done.all()):
