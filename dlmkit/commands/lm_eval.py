@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
         help="lm-evaluation-harness with the dlmkit model registered",
         description="Runs lm-eval's command line with `--model dlmkit` available, e.g. "
                     "dlmkit lm-eval --model dlmkit --model_args pretrained=RUN/final "
-                    "--tasks NAME. All arguments go to lm-eval (`dlmkit lm-eval --help`).")
+                    "--tasks NAME. All arguments go to lm-eval (`dlmkit lm-eval --help`); "
+                    "without --device it runs on the GPU if there is one, else the CPU.")
     parser.add_argument("args", nargs="*")
     parser.set_defaults(func=run)
 
@@ -28,6 +29,12 @@ def run(args) -> int:
 
     import dlmkit.generate.harness  # noqa: F401  (registers --model dlmkit)
 
-    sys.argv = ["lm_eval", *args.args]
+    argv = list(args.args)
+    if not any(a == "--device" or a.startswith("--device=") for a in argv):
+        # lm-eval defaults to cuda:0; dlmkit's default is the GPU when there is one.
+        import torch
+
+        argv += ["--device", "cuda:0" if torch.cuda.is_available() else "cpu"]
+    sys.argv = ["lm_eval", *argv]
     cli_evaluate()
     return 0

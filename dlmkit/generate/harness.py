@@ -68,6 +68,9 @@ class DlmkitLM(LM):
                 raise ValueError(f"dlmkit model_args: {name} must be an int >= 1, got {value!r}")
         if not isinstance(chat, bool):
             raise ValueError(f"dlmkit model_args: chat must be true or false, got {chat!r}")
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"dlmkit model: device {device!r} but torch has no CUDA here; "
+                             "pass --device cpu")
         self.loaded = load(pretrained, device=device, attention=attention)
         self.config = self.loaded.config(sampler, **options)
         self.batch_size, self.mc_samples, self.chat = batch_size, mc_samples, chat

@@ -176,6 +176,28 @@ def test_bad_model_args(export):
         DlmkitLM(pretrained=path, stepz=3)
     with pytest.raises(ValueError, match="mc_samples must be an int >= 1"):
         DlmkitLM(pretrained=path, mc_samples=0)
+    if not torch.cuda.is_available():  # lm-eval's own default device is cuda:0
+        with pytest.raises(ValueError, match="device 'cuda:0' but torch has no CUDA"):
+            DlmkitLM(pretrained=path, device="cuda:0")
     lm = DlmkitLM(pretrained=path)
     with pytest.raises(ValueError, match="loglikelihood_rolling .* not supported"):
         lm.loglikelihood_rolling([])
+
+
+@pytest.mark.slow
+def test_dlmkit_lm_eval_command(export, tmp_path):
+    """`dlmkit lm-eval` is lm-eval's command line with `--model dlmkit` registered."""
+    import os
+    import subprocess
+    import sys
+
+    write_tasks(tmp_path)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "dlmkit.cli", "lm-eval", "--model", "dlmkit", "--model_args",
+           f"pretrained={export('ar')}", "--tasks", "tiny_mc", "--include_path", str(tmp_path),
+           "--output_path", str(tmp_path / "out")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tiny_mc" in done.stdout and "acc" in done.stdout
+    (result,) = (tmp_path / "out").rglob("results_*.json")
+    assert "acc,none" in json.loads(result.read_text())["results"]["tiny_mc"]
