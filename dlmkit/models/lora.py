@@ -1,10 +1,13 @@
-"""LoRA through ``peft`` (``model.lora: {r, alpha, dropout, target_modules, export}``).
+"""LoRA through ``peft`` (``model.lora: {r, alpha, dropout, target_modules, modules_to_save,
+export}``).
 
 The adapters are injected **in place** (``peft.inject_adapter_in_model``): the model keeps its
 class, so every strategy calls it as before, FSDP2 still finds its decoder layers, and the base
 weights are frozen (``requires_grad=False``), so only adapter weights get gradients and
-optimizer state. Checkpoints hold the whole state dict (frozen weights included), so
-``--resume`` is exact as without LoRA.
+optimizer state. ``modules_to_save`` (e.g. ``[embed_tokens, lm_head]``) trains a full copy of
+those modules too: needed when the tokenizer adds tokens to a pretrained model (a new mask
+token's embedding row would otherwise stay at its random initialisation). Checkpoints hold the
+whole state dict (frozen weights included), so ``--resume`` is exact as without LoRA.
 
 Export (``RUN/final``), from the full state dict, on a fresh copy of the model:
 
@@ -29,7 +32,7 @@ import torch
 
 ADAPTER_CONFIG = "adapter_config.json"
 DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear",
-            "export": "merged"}
+            "modules_to_save": [], "export": "merged"}
 EXPORTS = ("merged", "adapter")
 
 
@@ -56,6 +59,10 @@ def lora_options(spec) -> dict:
             and all(isinstance(t, str) and t for t in targets)):
         raise ValueError(f"model.lora.target_modules must be 'all-linear' or a non-empty list "
                          f"of module names (e.g. [q_proj, v_proj]), got {targets!r}")
+    extra = out["modules_to_save"]
+    if not (isinstance(extra, list) and all(isinstance(t, str) and t for t in extra)):
+        raise ValueError(f"model.lora.modules_to_save must be a list of module names (e.g. "
+                         f"[embed_tokens, lm_head]), got {extra!r}")
     if out["export"] not in EXPORTS:
         raise ValueError(f"model.lora.export must be one of {EXPORTS}, got {out['export']!r}")
     return out
@@ -79,7 +86,8 @@ def _peft_config(options: dict):
     peft = _peft()
     return peft.LoraConfig(r=options["r"], lora_alpha=options["alpha"],
                            lora_dropout=float(options["dropout"]),
-                           target_modules=options["target_modules"])
+                           target_modules=options["target_modules"],
+                           modules_to_save=options["modules_to_save"] or None)
 
 
 def apply_lora(model: torch.nn.Module, options: Mapping, *,
@@ -102,6 +110,11 @@ def apply_lora(model: torch.nn.Module, options: Mapping, *,
             raise ValueError(f"model.lora.target_modules: {type(model).__name__} has no linear "
                              f"layer named {missing}; its linear layers: {have} (or use "
                              "'all-linear')")
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in options["modules_to_save"] if m not in names]
+    if missing:
+        raise ValueError(f"model.lora.modules_to_save: {type(model).__name__} has no module "
+                         f"named {missing}; e.g. {sorted(n for n in names if not n.isdigit())}")
     if options["export"] == "adapter":
         _check_adapter_base(model, base)
     _peft().inject_adapter_in_model(_peft_config(options), model)
@@ -124,15 +137,21 @@ def _check_adapter_base(model, base) -> None:
 
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
-    """Fold every LoRA adapter into its base layer and put the base layer back (in place)."""
+    """Fold every LoRA adapter into its base layer and put the base layer back, and a trained
+    copy of each ``modules_to_save`` module in place of its frozen original (in place)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
 
     for name, module in list(model.named_modules()):
         if isinstance(module, BaseTunerLayer):
             module.merge(safe_merge=True)
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, attr,
-                    module.get_base_layer())
+            plain = module.get_base_layer()
+        elif isinstance(module, ModulesToSaveWrapper):
+            plain = module.modules_to_save[module.active_adapters[0]]
+        else:
+            continue
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, plain)
     return model
 
 

@@ -72,6 +72,42 @@ def test_merged_export_is_base_plus_adapter(tmp_path, capsys):
     assert "> rev ab" in capsys.readouterr().out
 
 
+def test_modules_to_save_train_in_full_and_merge(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = config("model.lora={r: 4, target_modules: [q_proj], modules_to_save: [embed_tokens]}",
+                 "train.lr=1e-2", output_dir=tmp_path / "run")
+    start = build_components(cfg, CPU).model.model.embed_tokens.original_module.weight.clone()
+    c = train(cfg, steps=2)
+    wrapper = c.model.model.embed_tokens
+    trained = wrapper.modules_to_save["default"].weight
+    assert trained.requires_grad and not wrapper.original_module.weight.requires_grad
+    assert not torch.equal(trained, start) and torch.equal(wrapper.original_module.weight, start)
+    final = export_final(tmp_path / "run", c.model, c.tokenizer, cfg, c.strategy, CPU,
+                         c.train_set)
+    merged = AutoModelForCausalLM.from_pretrained(final, local_files_only=True)
+    assert torch.equal(merged.model.embed_tokens.weight, trained.detach())
+    ids = torch.tensor([[1, 5, 7, 9, 11]])
+    torch.testing.assert_close(logits(merged, ids), logits(c.model, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_lora_with_gradient_checkpointing_gives_the_same_gradients():
+    def grads(*extra):
+        from dlmkit.train.recipe import accumulate_gradients
+
+        cfg = config(LORA, *extra)
+        c = build_components(cfg, CPU)
+        loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator,
+                                       c.sampler, cfg, CPU)
+        return loss, {n: p.grad for n, p in c.model.named_parameters() if p.grad is not None}
+
+    loss, plain = grads()
+    ckpt_loss, ckpt = grads("model.gradient_checkpointing=true")
+    assert ckpt_loss == loss and plain.keys() == ckpt.keys() and len(plain) == 8
+    for name, grad in plain.items():
+        torch.testing.assert_close(ckpt[name], grad, rtol=0, atol=0, msg=name)
+
+
 @pytest.fixture
 def base_dir(tmp_path):
     """A local 'pretrained' model: the tiny preset saved once, as a user's base model."""
@@ -131,6 +167,9 @@ def test_resume_is_bit_exact(tmp_path):
      r"LlamaForCausalLM has no linear layer named \['query'\]; its linear layers: \['down_proj', "
      r"'gate_proj', 'k_proj', 'lm_head', 'o_proj', 'q_proj', 'up_proj', 'v_proj'\]"),
     ("{export: adapter}", "export=adapter needs model.name to be a local model directory"),
+    ("{modules_to_save: [embeddings]}",
+     r"modules_to_save: LlamaForCausalLM has no module named \['embeddings'\]; e.g. .*"
+     "'embed_tokens'"),
 ])
 def test_bad_lora_setup(lora, problem):
     with pytest.raises(ValueError, match=problem):
@@ -139,7 +178,8 @@ def test_bad_lora_setup(lora, problem):
 
 @pytest.mark.parametrize(("lora", "problem"), [
     ("{rank: 4}", r"model.lora: unknown key\(s\) \['rank'\]; valid: \['alpha', 'dropout', "
-                  r"'export', 'r', 'target_modules'\]"),
+                  r"'export', 'modules_to_save', 'r', 'target_modules'\]"),
+    ("{modules_to_save: embed_tokens}", "modules_to_save must be a list of module names"),
     ("{r: 0}", "model.lora.r must be an int >= 1"),
     ("{dropout: 1.5}", r"model.lora.dropout must be a number in \[0, 1\)"),
     ("{target_modules: q_proj}", "must be 'all-linear' or a non-empty list"),
