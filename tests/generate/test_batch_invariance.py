@@ -29,6 +29,7 @@ CASES = {
     "idlm": dict(max_new_tokens=8, block_size=3),
     "ar": dict(max_new_tokens=8),
     "dflash": dict(max_new_tokens=8, block_size=4),
+    "block_diffusion": dict(max_new_tokens=8, block_size=4, steps=6),
 }
 
 
@@ -44,8 +45,21 @@ def dflash_pair():
     return DFlashPair(tiny_model(), drafter)
 
 
+@functools.lru_cache(maxsize=1)
+def canvas_model():
+    """A tiny DiffusionGemma (encoder + canvas decoder) for the block_diffusion sampler."""
+    from dlmkit.models import diffusion_gemma as dg
+
+    torch.manual_seed(0)
+    return dg.build("tiny-diffusion-gemma", V, attention="sdpa", canvas_length=4,
+                    overrides={"hidden_size": 64, "num_hidden_layers": 2}).eval()
+
+
+MODELS = {"dflash": dflash_pair, "block_diffusion": canvas_model}
+
+
 def sampler_of(case: str) -> str:
-    return case.split("_")[0]
+    return case if case in SAMPLERS else case.split("_")[0]
 
 
 def test_every_sampler_has_a_batch_invariance_case():
@@ -54,7 +68,7 @@ def test_every_sampler_has_a_batch_invariance_case():
 
 def decode(sampler, texts, first_index=0, **options):
     cfg = SamplerConfig.from_options(sampler, **options)
-    model = dflash_pair() if sampler == "dflash" else tiny_model()
+    model = MODELS.get(sampler, tiny_model)()
     return generate(model, TOK, texts, cfg, first_index=first_index).tokens
 
 
