@@ -11,6 +11,7 @@ and the per-conversation rate (every scored turn of it correct).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -62,11 +63,9 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
     ``rows[i]`` = ``{"source", "conversation", "turn", "prompt", "reference", "prediction",
     "correct", "forwards"}`` where ``forwards`` counts the model forwards of the batch that
     decoded the turn (with ``batch_size=1``: exactly this turn's). ``totals`` is a
-    :class:`~dlmkit.generate.GenerationResult` over all batches. ``progress`` shows a bar
-    over turns on stderr (long runs).
+    :class:`~dlmkit.generate.GenerationResult` over all batches. ``progress`` reports on
+    stderr after each batch (see :class:`TurnProgress`).
     """
-    from tqdm import tqdm
-
     from .api import GenerationResult, generate
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -75,8 +74,7 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
     tokens: list[list[int]] = []
     forwards = generated = row_forwards = 0
     seconds = 0.0
-    bar = tqdm(total=len(turns), desc="eval", unit="turn", file=sys.stderr, dynamic_ncols=True,
-               disable=not progress)
+    bar = TurnProgress(len(turns), enabled=progress)
     for at in range(0, len(turns), batch_size):
         chunk = turns[at:at + batch_size]
         result = generate(model, tokenizer, [list(t.prompt) for t in chunk], config,
@@ -92,11 +90,45 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
                          "reference": turn.reference, "prediction": text,
                          "correct": exact_match(text, turn.reference),
                          "forwards": result.forwards})
-        bar.update(len(chunk))
+        bar.update(len(chunk), sum(r["correct"] for r in rows))
     bar.close()
     totals = GenerationResult(tokens, [r["prediction"] for r in rows], forwards, generated,
                               seconds, row_forwards)
     return rows, totals
+
+
+class TurnProgress:
+    """Turns done so far on stderr: a tqdm bar on a terminal; in a log file (stderr not a
+    terminal, where a bar is one line of ``\\r``-joined updates) a plain line per batch with the
+    running exact match and the time left."""
+
+    def __init__(self, total: int, *, enabled: bool, stream=None) -> None:
+        self.total, self.done = total, 0
+        self.stream = stream or sys.stderr
+        self.started = time.perf_counter()
+        self.bar = None
+        self.lines = enabled and not self.stream.isatty()
+        if enabled and not self.lines:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="eval", unit="turn", file=self.stream,
+                            dynamic_ncols=True)
+
+    def update(self, n: int, correct: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix(exact=f"{100.0 * correct / max(self.done, 1):.1f}%")
+        elif self.lines:
+            elapsed = time.perf_counter() - self.started
+            left = elapsed / self.done * (self.total - self.done)
+            print(f"eval: {self.done}/{self.total} turns  exact so far "
+                  f"{100.0 * correct / max(self.done, 1):.1f}%  elapsed {elapsed:.0f} s  "
+                  f"left ~{left:.0f} s", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def summarize(rows: Sequence[dict]) -> dict:

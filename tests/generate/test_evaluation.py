@@ -121,6 +121,16 @@ def test_eval_data_command(files_model, data_file, tmp_path, capsys):
         [1, 1, 2, 3]
 
 
+def test_progress_lines_in_a_log(data_file, capsys):
+    """stderr is not a terminal here (a log file): one plain line per batch, no bar."""
+    turns = conversation_turns(load_records(data_file))
+    score_turns(Rigged(says_ok), TOK, turns, SamplerConfig(sampler="ar", max_new_tokens=8),
+                batch_size=4, progress=True)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["eval: 4/7 turns", "eval: 7/7 turns"]
+    assert "exact so far 71.4%" in lines[-1] and "\r" not in "".join(lines)
+
+
 def test_eval_data_field_mapping(files_model, tmp_path, capsys):
     data = tmp_path / "qa.jsonl"
     data.write_text('{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
