@@ -145,3 +145,56 @@ def test_bad_input():
         canvas(0, 4, 8, 0)
     with pytest.raises(ValueError, match="enc_len"):
         canvas(0, 4, 0, 2)
+
+
+@st.composite
+def padded_canvas_configs(draw):
+    cfg = draw(canvas_configs())
+    batch, enc = len(cfg["prefix"]), cfg["enc"]
+    kind = draw(st.sampled_from(["left", "right", "holes"]))
+    rows = []
+    for _ in range(batch):
+        if kind == "holes":
+            rows.append([draw(st.integers(0, 1)) for _ in range(enc)])
+        else:
+            n = draw(st.integers(0, enc))
+            rows.append([0] * (enc - n) + [1] * n if kind == "left" else [1] * n + [0] * (enc - n))
+    return cfg, rows
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=padded_canvas_configs(), data=st.data())
+def test_encoder_validity_blocks_padded_columns(case, data):
+    """``valid``: the reference with padded encoder columns removed; rows stay non-empty."""
+    cfg, rows = case
+    valid = torch.tensor(rows)
+    mask = canvas(torch.tensor(cfg["prefix"]), torch.tensor(cfg["response"]), cfg["enc"],
+                  cfg["bs"], cfg["window"], canvas_length=cfg["canvas_length"], valid=valid)
+    base = canvas_ref(cfg["prefix"], cfg["response"], cfg["enc"], cfg["bs"], cfg["window"])
+
+    def rule(b, j, k):
+        return base(b, j, k) and (k >= cfg["enc"] or rows[b][k] == 1)
+
+    expected = grid(len(rows), cfg["canvas_length"], cfg["enc"] + cfg["canvas_length"], rule)
+    full_check(mask, expected, block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(length=st.integers(1, 20), window=st.one_of(st.none(), st.integers(1, 8)),
+       data=st.data())
+def test_canvas_encoder_is_causal_windowed_and_padded(length, window, data):
+    """transformers' convention: kv <= q and kv > q - W; padded keys blocked, padded rows keep
+    their diagonal (dlmkit.masks.padding)."""
+    from dlmkit.masks import canvas_encoder
+
+    n = data.draw(st.integers(0, length))
+    left = data.draw(st.booleans())
+    row = [0] * (length - n) + [1] * n if left else [1] * n + [0] * (length - n)
+    mask = canvas_encoder(length, torch.tensor([row]), window)
+
+    def rule(b, q, k):
+        seen = k <= q and (window is None or k > q - window)
+        return (seen and row[q] == 1 and row[k] == 1) or q == k
+
+    full_check(mask, grid(1, length, length, rule),
+               block_sizes=(data.draw(block_sizes), data.draw(block_sizes)))
