@@ -15,7 +15,8 @@ Requests:
   text is cut at the first ``until`` string.
 * ``loglikelihood`` -- by the family's ``likelihood`` scorer (:mod:`.likelihood`): exact for
   causal streams (``ar``, ``hybrid``, ``idlm``), a Monte-Carlo ELBO for masked diffusion
-  (``mdlm``, ``scdd``; ``mc_samples`` draws, default 32), where ``is_greedy`` means the model's
+  (``mdlm``, ``scdd``) and per block for block diffusion (``bd3lm``; ``mc_samples`` draws,
+  default 32), where ``is_greedy`` means the model's
   own greedy sampler, decoding exactly as many tokens, produces the continuation. Other
   families raise an error naming those that can.
 * ``loglikelihood_rolling`` (perplexity tasks) is not supported (a clear error).
@@ -37,7 +38,7 @@ from dlmkit import strategies
 
 from .api import encode_prompt, generate, load
 from .config import SamplerConfig
-from .likelihood import causal_loglikelihood, masked_elbo
+from .likelihood import block_elbo, causal_loglikelihood, masked_elbo
 from .runner import Runner
 
 SAMPLER_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.name != "sampler")
@@ -72,6 +73,7 @@ class DlmkitLM(LM):
             raise ValueError(f"dlmkit model: device {device!r} but torch has no CUDA here; "
                              "pass --device cpu")
         self.loaded = load(pretrained, device=device, attention=attention)
+        self.sampler, self.options = sampler, options
         self.config = self.loaded.config(sampler, **options)
         self.batch_size, self.mc_samples, self.chat = batch_size, mc_samples, chat
         self._device = torch.device(device)
@@ -115,7 +117,7 @@ class DlmkitLM(LM):
             _, kwargs = request.args
             groups.setdefault(self._gen_options(kwargs), []).append(i)
         for options, indices in groups.items():
-            config = dataclasses.replace(self.config, **dict(options)).resolved()
+            config = self._config(**dict(options))
             for at in range(0, len(indices), self.batch_size):
                 chunk = indices[at:at + self.batch_size]
                 prompts = [self._prompt(requests[i].args[0]) for i in chunk]
@@ -124,6 +126,11 @@ class DlmkitLM(LM):
                 for i, text in zip(chunk, result.texts):
                     out[i] = _cut(text, requests[i].args[1].get("until"))
         return out
+
+    def _config(self, **overrides) -> SamplerConfig:
+        """The sampler config with ``overrides`` resolved afresh (steps, an mdlm block follow
+        a new ``max_new_tokens``; the model's trained defaults still apply)."""
+        return self.loaded.config(self.sampler, **{**self.options, **overrides})
 
     def _gen_options(self, kwargs: dict) -> tuple:
         options = {}
@@ -140,7 +147,8 @@ class DlmkitLM(LM):
             raise ValueError(
                 f"lm-eval loglikelihood requests: strategy {self.strategy!r} cannot score a "
                 f"continuation; families that can: {', '.join(_families('causal'))} (exact), "
-                f"{', '.join(_families('masked_elbo'))} (Monte-Carlo ELBO); use tasks with "
+                f"{', '.join(_families('masked_elbo') + _families('block_elbo'))} "
+                "(Monte-Carlo ELBO); use tasks with "
                 "generate_until requests for this model")
         rows = [self._split(*request.args) for request in requests]
         runner = Runner(self.loaded.model, vocab_size=self.tokenizer.vocab_size)
@@ -154,17 +162,20 @@ class DlmkitLM(LM):
             for index, (prompt, cont) in enumerate(rows):
                 generator = torch.Generator(device=runner.device).manual_seed(
                     self.config.seed * 1_000_003 + index)
-                score = masked_elbo(runner, prompt, cont, mask_id=self.tokenizer.mask_token_id,
-                                    samples=self.mc_samples, generator=generator,
-                                    batch_size=self.batch_size)
+                kwargs = {"mask_id": self.tokenizer.mask_token_id, "samples": self.mc_samples,
+                          "generator": generator, "batch_size": self.batch_size}
+                if self.scorer == "block_elbo":
+                    score = block_elbo(runner, prompt, cont, **kwargs,
+                                       block_size=self.loaded.meta.get("block_size"))
+                else:
+                    score = masked_elbo(runner, prompt, cont, **kwargs)
                 out.append((score, self._greedy(prompt, cont, index)))
         return out
 
     def _greedy(self, prompt: list[int], continuation: list[int], index: int) -> bool:
         """Whether the model's greedy sampler, decoding ``len(continuation)`` tokens, gives
         exactly the continuation."""
-        config = dataclasses.replace(self.config, max_new_tokens=len(continuation),
-                                     temperature=0.0, steps=None, block_size=None).resolved()
+        config = self._config(max_new_tokens=len(continuation), temperature=0.0)
         result = generate(self.loaded.model, self.tokenizer, [prompt], config,
                           first_index=index)
         return result.tokens[0] == continuation

@@ -53,7 +53,8 @@ class Strategy:
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
-    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo": Monte-Carlo ELBO), or
+    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
+    # ELBOs), or
     # None when the family cannot answer them.
     likelihood: str | None = None
 

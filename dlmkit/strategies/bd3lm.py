@@ -11,6 +11,7 @@ from .twostream import TwoStreamStrategy
 class BD3LMStrategy(TwoStreamStrategy):
     name = "bd3lm"
     sampler = "bd3lm"
+    likelihood = "block_elbo"
     # Per-block mask probability in [t_min, t_max), stratified over the global batch.
     options = {"block_size": 4, "t_min": 1e-3, "t_max": 1.0, "time_sampling": "stratified"}
     mask_factory = staticmethod(block_diffusion)
