@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 # Drafter shapes sized for the tiny targets (hidden size and context width come from the target).
@@ -124,7 +125,7 @@ class _Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
 
-class _Layer(nn.Module):
+class _Layer(GradientCheckpointingLayer):  # model.gradient_checkpointing recomputes it
     def __init__(self, config: DFlashDraftConfig, layer_idx: int) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
@@ -148,6 +149,7 @@ class DFlashDrafter(PreTrainedModel):
     base_model_prefix = "drafter"
     main_input_name = "noise_embeds"
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: DFlashDraftConfig) -> None:
         super().__init__(config)

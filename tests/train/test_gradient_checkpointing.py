@@ -14,9 +14,6 @@ from dlmkit.train.recipe import accumulate_gradients, build_components
 from .helpers import config
 
 CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-# Strategies whose trained model is not (yet) a checkpointable HF model, and why.
-NOT_COVERED = {"dflash": "needs a target model directory; its drafter's layers are not "
-                         "GradientCheckpointingLayers yet"}
 
 
 def one_step(name: str, *extra: str):
@@ -40,8 +37,6 @@ def one_step(name: str, *extra: str):
 
 @pytest.mark.parametrize("name", strategies.names())
 def test_checkpointing_gives_identical_losses_and_gradients(name):
-    if name in NOT_COVERED:
-        pytest.skip(NOT_COVERED[name])
     torch.set_num_threads(1)
     plain, loss, grads, plain_calls = one_step(name)
     model, ckpt_loss, ckpt_grads, ckpt_calls = one_step(name, "model.gradient_checkpointing=true")
