@@ -15,19 +15,20 @@ tokens:
 
    * ``entropy_bound=B``: the lowest-entropy positions whose entropies, less the largest of
      them, sum to at most ``B`` (transformers' ``EntropyBoundSampler``);
-   * otherwise the ``remasking`` confidence (``low_confidence``, ``margin``, ``entropy``,
-     ``random``) picks the linear schedule's count (``S * i / N`` at step ``i`` of ``N``), and
-     with ``threshold`` also every position at least that confident;
+   * otherwise positions are *committed* as in masked diffusion: each step the
+     ``remasking`` confidence (``low_confidence``, ``margin``, ``entropy``, ``random``) picks
+     the linear schedule's count of the most confident uncommitted positions
+     (:func:`~dlmkit.generate.primitives.scheduled_count`; with ``threshold`` also every one at
+     least that confident, :func:`~dlmkit.generate.primitives.select_transfers`); committed
+     tokens stay fixed, the others are renoised, and the canvas ends when all are committed;
 
 4. **adaptive stopping** (``stability_threshold`` and ``confidence_threshold``): a row stops
    denoising when its argmax canvas has not changed for ``stability_threshold`` steps and its
-   mean token entropy is below ``confidence_threshold``; under the confidence rules a row also
-   stops once a step accepts every position (with ``threshold``: all that confident). The
-   canvas ends when every row has stopped or its steps (:meth:`SamplerConfig.block_steps`) run
-   out;
-5. the canvas's argmax is its output; it is encoded into the cache (one encoder forward) for
-   the next canvas. A row ends at a canvas containing a stop token; the batch stops when every
-   row has.
+   mean token entropy is below ``confidence_threshold``. The canvas ends when every row has
+   stopped or its steps (:meth:`SamplerConfig.block_steps`) run out;
+5. the canvas's argmax (its committed tokens, under the confidence rules) is its output; it is
+   encoded into the cache (one encoder forward) for the next canvas. A row ends at a canvas
+   containing a stop token; the batch stops when every row has.
 
 Random numbers come from ``generator`` in transformers' order (per canvas: the initial canvas;
 per step: the multinomial draw, then the renoising draw); a list of generators (what
@@ -53,7 +54,7 @@ from dlmkit.masks import canvas_encoder
 from dlmkit.models import diffusion_gemma as dg
 
 from .config import SamplerConfig
-from .primitives import confidence
+from .primitives import confidence, scheduled_count, select_transfers
 from .runner import Runner, left_pad, positions, rule_mask
 
 
@@ -83,22 +84,6 @@ def entropy_bound_accept(logits: torch.Tensor, bound: float) -> torch.Tensor:
     ordered, order = entropy.sort(-1)
     keep = ordered.cumsum(-1) - ordered <= bound
     return torch.zeros_like(keep).scatter(-1, order, keep)
-
-
-def scheduled_accept(logits, tokens, step: int, steps: int, cfg: SamplerConfig,
-                     generator) -> torch.Tensor:
-    """bool ``[B, S]``: the ``ceil(S * step / steps)`` most confident positions (step ``1..N``),
-    and with ``threshold`` every position at least that confident."""
-    scores = confidence(logits, tokens, cfg.remasking, generator)
-    width = tokens.shape[1]
-    count = -(-width * step // steps)
-    order = scores.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(width, device=order.device)
-                                            .expand_as(order))
-    accept = rank < count
-    if cfg.threshold is not None:
-        accept |= scores >= cfg.threshold
-    return accept
 
 
 class _Stopping:
@@ -184,6 +169,7 @@ def sample_canvas(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
         stopping = (None if cfg.stability_threshold is None
                     else _Stopping(cfg.stability_threshold, cfg.confidence_threshold))
         done = torch.zeros(batch, dtype=torch.bool, device=device)
+        committed = torch.zeros(batch, S, dtype=torch.bool, device=device)
         previous = None
         for remaining in range(steps, 0, -1):
             logits = model(cache=cache, decoder_input_ids=current,
@@ -202,22 +188,29 @@ def sample_canvas(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
             new_argmax = scaled.argmax(-1)
             if cfg.entropy_bound is not None:
                 accept = entropy_bound_accept(scaled, cfg.entropy_bound)
+                new_current = torch.where(accept, proposal, current)
             else:
-                accept = scheduled_accept(logits, proposal, steps - remaining + 1, steps, cfg,
-                                          generator)
-            accepted = torch.where(accept, proposal, current)
-            noise = _uniform_tokens(generator, batch, S, vocab, device)
-            new_current = torch.where(accept, accepted, noise)
+                # commit the scheduled count of the most confident uncommitted positions (and
+                # with a threshold every one that confident); committed tokens stay fixed
+                scores = confidence(logits, proposal, cfg.remasking, generator)
+                chosen = select_transfers(scores, ~committed,
+                                          scheduled_count((~committed).sum(1), remaining),
+                                          cfg.threshold)
+                new_current = torch.where(chosen, proposal, current)
+                committed = committed | chosen
+                accept = committed
+            noise_draw = _uniform_tokens(generator, batch, S, vocab, device)
+            new_current = torch.where(accept, new_current, noise_draw)
+            if cfg.entropy_bound is None:  # the output: committed tokens, else the argmax
+                new_argmax = torch.where(committed, new_current, new_argmax)
             if bool(done.any()):  # a row that stopped keeps its canvas and logits
                 new_argmax = torch.where(done[:, None], argmax, new_argmax)
                 new_current = torch.where(done[:, None], current, new_current)
                 scaled = torch.where(done[:, None, None], previous, scaled)
             if stopping is not None:
                 done |= stopping(new_argmax, scaled)
-            if cfg.entropy_bound is None:
-                # every position took the proposal: the canvas is committed (at temperature 0
-                # it is its own argmax), so a threshold can end a canvas early
-                done |= accept.all(-1)
+            if cfg.entropy_bound is None:  # every position committed: the canvas is done
+                done |= committed.all(-1)
             current, argmax = new_current, new_argmax
             previous = scaled.to(model.model.decoder.embed_tokens.weight.dtype)
             if bool(done.all()):
