@@ -14,7 +14,8 @@ class MDLMStrategy(Strategy):
     likelihood = "masked_elbo"
     # The mask probability is drawn in [t_min, t_max), stratified over the global batch
     # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
-    options = {"t_min": 1e-3, "t_max": 1.0, "time_sampling": "stratified"}
+    # t_min clipped as in bd3lm (bounded 1/p weights).
+    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified"}
     supervise_padding = True  # (inherited by SCDD)
 
     def validate(self) -> None:
