@@ -12,9 +12,11 @@ same problems (one JSON object per line on stdout):
 * idlm: introspective strided decoding and greedy AR on the same model (must agree);
 * scdd: ancestral sampling with ``steps = max_new_tokens`` and half of it.
 
-Per setting: exact match, forwards per generated token (per sequence), tokens/s, the tokens/s
-ratio to the family's first setting, one token per step uncached (``speedup``) and to plain AR
-decoding of ``--ar-model`` (``vs_ar``); for a cached or parallel setting, how far its output
+Per setting: exact match, forwards per generated token (per sequence: a row that finished
+early does not count), forwards of the batches (what the wall clock pays for: a batch runs
+until its slowest row is done), tokens/s, the tokens/s ratio to the family's first setting, one
+token per step uncached (``speedup``) and to plain AR decoding of ``--ar-model`` (``vs_ar``);
+for a cached or parallel setting, how far its output
 moved from the setting it approximates (``agreement``: share of generated positions with the
 same token; ``same_output``: share of responses identical). Greedy decoding everywhere, so
 forwards, tokens and exact match are deterministic; wall-clock figures are only comparable
@@ -123,14 +125,16 @@ def bench_model(path, args, ar_speed=None):
 
 
 def markdown(all_rows) -> str:
-    head = ("| family | setting | exact match | forwards / token | tokens/s | vs one/step | "
-            "vs AR | agreement (same output) with |\n|---|---|---|---|---|---|---|---|")
+    head = ("| family | setting | exact match | forwards / token | batch forwards | tokens/s | "
+            "vs one/step | vs AR | agreement (same output) with |\n"
+            "|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for row in all_rows:
         agree = (f"{100 * row['agreement']:.1f}% ({100 * row['same_output']:.1f}%) "
                  f"{row['reference']}" if "agreement" in row else "")
         lines.append(f"| {row['strategy']} | {row['setting']} | "
                      f"{100 * row['exact_match']:.1f}% | {row['forwards_per_token']:.3f} | "
+                     f"{row['forwards']} | "
                      f"{row['tokens_per_second']:.0f} | {row['speedup']:.2f}x | "
                      f"{str(row.get('vs_ar', '')) + 'x' if 'vs_ar' in row else ''} | {agree} |")
     return "\n".join(lines)
