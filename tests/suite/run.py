@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import generate as suite  # noqa: E402
+import generate as suite  # noqa: E402  (run as a script, beside generate.py)
 
 
 def score(model_dir: Path, test_file: Path, **sampler_options) -> dict:

@@ -1,0 +1,66 @@
+"""The task suite's generator: deterministic files, disjoint splits, the promised shapes, and a
+BPE tokenizer that dlmkit loads and supervises like the byte one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlmkit.data import SFTDataset, load_tokenizer
+
+from . import generate as suite
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite")
+    suite.main([str(out)])
+    return out
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_files_are_deterministic(written, tmp_path):
+    suite.write_splits(tmp_path)
+    for task in suite.TASKS:
+        for split in suite.SPLIT_SIZES:
+            assert (tmp_path / task / f"{split}.jsonl").read_bytes() == \
+                (written / task / f"{split}.jsonl").read_bytes(), (task, split)
+
+
+@pytest.mark.parametrize("task", suite.TASKS)
+def test_splits_are_disjoint_and_end_with_an_answer(written, task):
+    splits = {s: read(written / task / f"{s}.jsonl") for s in suite.SPLIT_SIZES}
+    assert {s: len(r) for s, r in splits.items()} == suite.SPLIT_SIZES
+    keys = {s: {json.dumps(r["messages"][:-1]) + r["messages"][-1]["content"] for r in rows}
+            for s, rows in splits.items()}
+    assert not keys["train"] & keys["test"] and not keys["train"] & keys["validation"]
+    for rows in splits.values():
+        for r in rows:
+            roles = [m["role"] for m in r["messages"]]
+            assert roles == ["user", "assistant"] * (len(roles) // 2)
+
+
+def test_chat_is_multi_turn_and_answers_span_short_to_long(written):
+    chat = read(written / "chat" / "train.jsonl")
+    turns = [len(r["messages"]) // 2 for r in chat]
+    assert 0.4 < turns.count(1) / len(turns) < 0.6 and max(turns) == 3
+    lookup = [len(r["messages"][-1]["content"]) for r in read(written / "lookup" / "train.jsonl")]
+    assert min(lookup) <= 4 and max(lookup) >= 30
+
+
+def test_the_bpe_tokenizer_loads_and_supervises_every_answer(written):
+    tok = load_tokenizer(str(written / "bpe"))
+    assert tok.vocab_size == suite.BPE_VOCAB and tok.stop_token_ids == (tok.eos_token_id,)
+    record = next(r for r in read(written / "chat" / "test.jsonl") if len(r["messages"]) == 6)
+    enc = tok.apply_chat_template(record["messages"])
+    answers = [tok.decode([i for i, m in zip(enc.input_ids[a:b], enc.loss_mask[a:b]) if m],
+                          skip_special_tokens=True) for a, b in enc.assistant_spans]
+    assert answers == [m["content"] for m in record["messages"][1::2]]
+    assert all(enc.input_ids[b - 1] == tok.eos_token_id for _, b in enc.assistant_spans)
+    data = SFTDataset.from_files(written / "chat" / "test.jsonl", tok)  # BPE: fewer tokens
+    assert int(data.lengths.max()) < int(SFTDataset.from_files(
+        written / "chat" / "test.jsonl", load_tokenizer("byte")).lengths.max())
