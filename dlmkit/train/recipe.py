@@ -487,6 +487,10 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
     best = BestModel(run_dir, enabled=val_set is not None and t["final_model"] == "best",
                      is_main=world.is_main)
+    if not sys.stderr.isatty():  # transformers' shard-writing bar (exports of best/, final/):
+        from transformers.utils import logging as hf_logging  # \r-joined junk in a log
+
+        hf_logging.disable_progress_bar()
 
     def export(name: str, meta: dict) -> Path:
         return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
@@ -521,10 +525,6 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
                                                 world, config=config)
         progress.advance()
     progress.close()
-    if not sys.stderr.isatty():  # transformers' shard-writing bar: \r-joined junk in a log
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
