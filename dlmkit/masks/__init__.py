@@ -29,7 +29,8 @@ from .window import dilated_sliding_window, global_sliding_window, sliding_windo
 __all__ = [
     "EMPTY", "FULL", "KIND_CLEAN", "KIND_GLOBAL", "KIND_NOISED", "PARTIAL", "Mask", "MaskCache",
     "Slot", "TokenTags", "batchify", "bidirectional", "block_diffusion",
-    "block_diffusion_decode", "canvas", "canvas_encoder", "causal", "causal_decode", "chunk_causal", "dflash",
+    "block_diffusion_decode", "canvas", "canvas_encoder", "causal", "causal_decode",
+    "chunk_causal", "dflash",
     "dflash_decode", "dilated_sliding_window", "document", "expert_cross", "expert_self",
     "flamingo", "global_sliding_window", "hybrid", "idlm", "idlm_decode", "jetspec_training",
     "jetspec_tree", "merge_attention", "natten", "packed_causal_document", "prefix_lm",

@@ -172,7 +172,7 @@ def test_selected_block_equals_all_blocks_loss_and_gradients():
         out = s.loss(model, p, {k: float(v) for k, v in s.counts(p).items()})
         out.total.backward()
         grads = {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
-        results.append((p, float(out.total), grads))
+        results.append((p, float(out.total.detach()), grads))
     (sel, loss_sel, g_sel), (full, loss_all, g_all) = results
     assert full["canvas_ids"].shape[1] > S, "the batch needs responses of several blocks"
     assert loss_sel == pytest.approx(loss_all, rel=1e-5)
