@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,18 @@ def cli_args(run_dir: Path, *extra: str, strategy: str = "mdlm") -> list[str]:
     for item in overrides(*extra, strategy=strategy):
         args += ["--set", item]
     return args
+
+
+def copy_as_crashed_at(run_dir: Path, copy: Path, step: int) -> None:
+    """``copy`` = ``run_dir`` as after a crash just past the step-``step`` checkpoint: no
+    ``final/``, no later checkpoint, ``latest`` naming that one."""
+    name = f"step_{step:07d}"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "final")
+    for path in (copy / "checkpoints").iterdir():
+        if path.name not in (name, "latest"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (copy / "checkpoints" / "latest").write_text(name)
 
 
 def records(run_dir: Path, split: str = "train") -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import cli_args, losses, run_cli
+from .helpers import cli_args, copy_as_crashed_at, losses, run_cli
 
 pytestmark = pytest.mark.slow
 SETTINGS = ["train.steps=4", "train.global_batch_size=16", "train.micro_batch_size=4",
@@ -57,19 +57,11 @@ def test_default_run_dir_under_torchrun(tmp_path):
 def test_resume_under_torchrun_is_bit_exact(tmp_path, kind):
     """A 2-rank run resumed from its step-2 checkpoint (torch.distributed.checkpoint) recomputes
     steps 3-4 exactly as the uninterrupted run did."""
-    import shutil
-
     full = tmp_path / "full"
     args = cli_args(full, *SETTINGS, f"train.distributed={kind}", strategy="hybrid")
     run_cli(args, nproc=2)
     resumed = tmp_path / "resumed"
-    shutil.copytree(full, resumed)
-    shutil.rmtree(resumed / "final")
-    # Keep only the step-2 checkpoint and the metrics up to it, as after a crash at step 3.
-    for path in (resumed / "checkpoints").iterdir():
-        if path.name not in ("step_0000002", "latest"):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    (resumed / "checkpoints" / "latest").write_text("step_0000002")
+    copy_as_crashed_at(full, resumed, 2)  # as after a crash at step 3
     run_cli(cli_args(resumed, *SETTINGS, f"train.distributed={kind}", strategy="hybrid")
             + ["--resume"], nproc=2)
     assert losses(resumed) == losses(full)

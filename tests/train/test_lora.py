@@ -5,7 +5,6 @@ base + adapter, the adapter export loads in peft and `dlmkit generate`, resume i
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from dlmkit.train import ConfigError  # noqa: E402
 from dlmkit.train.distributed import World  # noqa: E402
 from dlmkit.train.recipe import build_components, export_final, train_step  # noqa: E402
 
-from .helpers import cli_args, config, losses, run_cli  # noqa: E402
+from .helpers import cli_args, config, copy_as_crashed_at, losses, run_cli  # noqa: E402
 
 CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
@@ -152,12 +151,7 @@ def test_resume_is_bit_exact(tmp_path):
     full = tmp_path / "full"
     main(cli_args(full, *steps))
     resumed = tmp_path / "resumed"
-    shutil.copytree(full, resumed)
-    shutil.rmtree(resumed / "final")
-    for path in (resumed / "checkpoints").iterdir():
-        if path.name not in ("step_0000003", "latest"):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    (resumed / "checkpoints" / "latest").write_text("step_0000003")
+    copy_as_crashed_at(full, resumed, 3)
     main([*cli_args(resumed, *steps), "--resume"])
     assert losses(resumed) == losses(full) and len(losses(full)) == 6
 
