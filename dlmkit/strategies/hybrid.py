@@ -17,7 +17,6 @@ class HybridStrategy(TwoStreamStrategy):
     name = "hybrid"
     sampler = "hybrid"
     likelihood = "causal"  # its clean causal stream (the AR term)
-    likelihood = "causal"  # its clean causal stream (the AR term)
     # t_min/t_max/time_sampling: the uniform corruption's, as in mdlm (one level per
     # document); blockwise takes t_min as its lowest level.
     options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "t_min": 1e-3,
