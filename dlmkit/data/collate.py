@@ -217,14 +217,20 @@ class Collator:
         parsed = [self._sample(i, s) for i, s in enumerate(samples)]
         cap = self.max_seq_len
         kept_list = [p[0].numel() if cap is None else min(p[0].numel(), cap) for p in parsed]
-        flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
-        flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
-        self._check_values(parsed, flat_ids, flat_mask)
         if self.fill_from_response:
             starts = [_last_run_start(p[1][:k]) for p, k in zip(parsed, kept_list)]
             aligned_list = [a + _ceil_to(k - a, self.block_size)
                             for a, k in zip(starts, kept_list)]
-        else:
+            if cap is not None:
+                # The response's blocks start at the response, so its last block can overrun
+                # the cap: keep the whole blocks that fit (the cut is counted as truncation).
+                aligned_list = [a if a <= cap else st + (cap - st) // self.block_size
+                                * self.block_size for a, st in zip(aligned_list, starts)]
+                kept_list = [min(k, a) for k, a in zip(kept_list, aligned_list)]
+        flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
+        flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
+        self._check_values(parsed, flat_ids, flat_mask)
+        if not self.fill_from_response:
             aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
         rows_l, offsets_l, numbers_l = self._place(aligned_list)
 

@@ -411,3 +411,21 @@ def test_collates_a_dataset_through_a_dataloader():
         n = item["input_ids"].numel()
         assert torch.equal(out["input_ids"][b, :n], item["input_ids"])
         assert torch.equal(out["loss_mask"][b, :n], item["loss_mask"])
+
+
+def test_fill_from_response_keeps_whole_response_blocks_under_the_cap():
+    """The response's blocks start at the response, so with ``max_seq_len`` its last block can
+    overrun the cap: the collator keeps the whole blocks that fit and marks the row cut
+    (it used to index past the row)."""
+    collate = Collator(pad_token_id=0, eos_token_id=1, block_size=8, max_seq_len=24,
+                       fill_from_response=True)
+    batch = collate([
+        {"input_ids": list(range(2, 26)), "loss_mask": [0] * 5 + [1] * 19, "sample_index": 0},
+        {"input_ids": list(range(2, 20)), "loss_mask": [0] * 5 + [1] * 13, "sample_index": 1},
+    ])
+    assert batch["input_ids"].shape == (2, 24)
+    assert batch["lengths"].tolist() == [21, 18]  # 5 prompt + 2 blocks of 8; 18 + EOS fill
+    assert batch["truncated"].tolist() == [True, False]
+    assert batch["input_ids"][0, :21].tolist() == list(range(2, 23))
+    assert batch["input_ids"][1, 18:21].tolist() == [1, 1, 1]
+    assert batch["loss_mask"].sum(1).tolist() == [16, 16]
