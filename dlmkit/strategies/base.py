@@ -19,9 +19,9 @@ then, per micro-batch:
 So the gradient of a step is the whole-batch token mean whatever the micro-batch/rank split.
 
 For decoding, ``sampler`` names the :mod:`dlmkit.generate` sampler that decodes the export,
-``sampler_defaults(meta)`` reads that sampler's defaults from ``dlmkit.json``, ``export_meta()``
-adds the family's own fields to it, and ``load_model(path, ...)`` loads the export. Nothing
-outside ``strategies/`` branches on a family name.
+``sampler_defaults(meta, options)`` reads that sampler's defaults from ``dlmkit.json``,
+``export_meta()`` adds the family's own fields to it, and ``load_model(path, ...)`` loads the
+export. Nothing outside ``strategies/`` branches on a family name.
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class Strategy:
     default_model: str = "tiny-llama"
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
-    # ELBOs), or
-    # None when the family cannot answer them.
+    # ELBOs), or None when the family cannot answer them.
     likelihood: str | None = None
 
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
