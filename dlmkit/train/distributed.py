@@ -62,6 +62,36 @@ def shutdown(world: World, *, clean: bool = True) -> None:
         dist.destroy_process_group()
 
 
+def shard_units(model) -> list[list]:
+    """The groups of modules FSDP2 shards one by one (then the root takes the rest): the
+    outermost modules of the classes a Hugging Face model names in ``_no_split_modules`` — its
+    transformer layers, wherever they sit (a causal LM's ``model.layers``, DiffusionGemma's
+    encoder and decoder stacks) — or, for a model without that list, ``model.layers``. Units
+    that share a parameter form one group: FSDP2 requires a tied parameter in one group, and
+    DiffusionGemma's canvas decoder layers reuse their encoder layers' weights."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if not names:
+        return [[layer] for layer in getattr(getattr(model, "model", model), "layers", [])]
+    units: list = []
+    for name, module in model.named_modules():  # parents come before their children
+        if type(module).__name__ in names and not any(
+                name.startswith(f"{outer}.") for outer, _ in units):
+            units.append((name, module))
+    groups: list[list] = []
+    owner: dict[int, list] = {}  # id(parameter) -> the group holding it
+    for _, module in units:
+        joined = {id(g): g for p in module.parameters() if (g := owner.get(id(p))) is not None}
+        group = [module]
+        for other in joined.values():
+            group = other + group
+            groups.remove(other)
+        groups.append(group)
+        for member in group:
+            for p in member.parameters():
+                owner[id(p)] = group
+    return groups
+
+
 def wrap_model(model, world: World, kind: str):
     """DDP or FSDP2 (``fully_shard``) when distributed; the model itself otherwise."""
     if not world.distributed:
@@ -69,9 +99,8 @@ def wrap_model(model, world: World, kind: str):
     if kind == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        layers = getattr(getattr(model, "model", model), "layers", [])
-        for layer in layers:
-            fully_shard(layer)
+        for group in shard_units(model):
+            fully_shard(group if len(group) > 1 else group[0])
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel

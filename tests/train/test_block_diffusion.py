@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dlmkit.cli import main
-from dlmkit.train.distributed import World
+from dlmkit.train.distributed import World, shard_units
 from dlmkit.train.recipe import accumulate_gradients, build_components
 
 from .helpers import cli_args, config, losses, run_cli
@@ -59,11 +59,30 @@ def test_export_loads_with_transformers_and_dlmkit_generate(tmp_path, capsys):
     assert "sampler: block_diffusion" in captured.err
 
 
+def test_fsdp2_shards_each_encoder_layer_with_the_decoder_layer_that_reuses_its_weights():
+    """DiffusionGemma has no ``model.layers``: the units come from ``_no_split_modules``, and
+    a decoder layer shares its encoder layer's weights (FSDP2 needs them in one group)."""
+    c = build_components(config(strategy=NAME), CPU)
+    names = {id(m): n for n, m in c.model.named_modules()}
+    groups = [[names[id(m)] for m in g] for g in shard_units(c.model)]
+    layers = len(c.model.model.decoder.layers)
+    assert layers >= 2 and [g for g in groups if "vision" not in g[0]] == [
+        [f"model.encoder.language_model.layers.{i}", f"model.decoder.layers.{i}"]
+        for i in range(layers)]
+    shared = {id(p) for p in c.model.model.decoder.layers[0].parameters()} & {
+        id(p) for p in c.model.model.encoder.language_model.layers[0].parameters()}
+    assert shared
+
+
 @pytest.mark.slow
-def test_two_ranks_match_one_process(tmp_path):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_two_ranks_match_one_process(tmp_path, kind):
     settings = ["train.steps=3", "train.global_batch_size=16", "train.micro_batch_size=4",
                 "train.val_every=3", "train.save_every=3"]
-    single, ranks = tmp_path / "single", tmp_path / "ddp"
+    single, ranks = tmp_path / "single", tmp_path / kind
     run_cli(cli_args(single, *settings, strategy=NAME))
-    run_cli(cli_args(ranks, *settings, "train.distributed=ddp", strategy=NAME), nproc=2)
+    run_cli(cli_args(ranks, *settings, f"train.distributed={kind}", strategy=NAME), nproc=2)
     assert losses(ranks) == pytest.approx(losses(single), rel=1e-4)
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    DiffusionGemmaForBlockDiffusion.from_pretrained(ranks / "final", local_files_only=True)
