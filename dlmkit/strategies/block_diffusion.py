@@ -108,14 +108,15 @@ class BlockDiffusionStrategy(Strategy):
     def load_model(cls, path, *, attention="sdpa", device="cpu"):
         return dg.load(path, attention=attention, device=device)
 
-    def check_dataset(self, dataset) -> None:
+    def check_dataset(self, dataset, max_len: int | None = None) -> None:
         """Every assistant turn must fit the canvas budget (``max_blocks`` blocks) and every
-        sample, block-filled, the model's positions."""
+        sample, block-filled, the model's positions (a sample as trained: cut to
+        ``max_len``)."""
         S, budget = self.config["block_size"], self.config["max_blocks"]
         for i in range(len(dataset)):
             item = dataset[i]
-            runs = supervised_runs(item["loss_mask"])
-            end = item["input_ids"].numel()
+            runs = supervised_runs(item["loss_mask"][:max_len])
+            end = item["input_ids"][:max_len].numel()
             if runs:
                 a = runs[-1][0]
                 end = a + -(-(end - a) // S) * S

@@ -15,7 +15,7 @@ import math
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -346,6 +346,7 @@ class Components:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sampler: GlobalBatchSampler
+    cap_reports: tuple = ()  # what ``data.truncation`` cut, per split (see truncation.py)
 
 
 def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
@@ -378,7 +379,8 @@ def build_components(config: dict, world: World) -> Components:
                             vocab_size=tokenizer.vocab_size,
                             loss_chunk_size=t["loss_chunk_size"])
     collator = build_collator(config, tokenizer, strategy)
-    train_set, val_set = build_datasets(config, tokenizer)
+    train_set, val_set, cap_reports = apply_length_cap_policy(
+        *build_datasets(config, tokenizer), collator.max_seq_len, config)
     sampler = build_sampler(config, world, len(train_set))
 
     torch.manual_seed(config["seed"])  # model initialisation
@@ -386,9 +388,9 @@ def build_components(config: dict, world: World) -> Components:
     model = build_trained_model(config, strategy, tokenizer.vocab_size, attention,
                                 world.device)
     strategy.setup(world.device)  # frozen auxiliary models: not wrapped, not optimised
-    for dataset in (train_set, val_set):
+    for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
-            strategy.check_dataset(dataset)
+            strategy.check_dataset(dataset, collator.max_seq_len)
     model = wrap_model(model, world, t["distributed"])
     # Frozen weights (LoRA's base) get no optimizer state.
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -399,7 +401,7 @@ def build_components(config: dict, world: World) -> Components:
                                   lr=t["lr"], betas=tuple(t["betas"]))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, config))
     return Components(tokenizer, strategy, collator, train_set, val_set, model, optimizer,
-                      scheduler, sampler)
+                      scheduler, sampler, cap_reports)
 
 
 def check_setup(config: dict, device: torch.device) -> None:
@@ -413,25 +415,18 @@ def check_setup(config: dict, device: torch.device) -> None:
         check_model_overrides(PRESETS[name], config["model"]["config"])
 
 
-def apply_length_cap_policy(c: Components, config: dict, world: World,
-                            progress: Progress) -> Components:
-    """The data as ``data.truncation`` says it is trained, with the counts reported."""
+def apply_length_cap_policy(train_set: SFTDataset, val_set: SFTDataset | None,
+                            cap: int | None, config: dict):
+    """The data as ``data.truncation`` says it is trained, and what was cut of each split."""
     d = config["data"]
-    cap = c.collator.max_seq_len
-    train_set, report = apply_length_cap(c.train_set, cap, d["truncation"], "training",
+    train_set, report = apply_length_cap(train_set, cap, d["truncation"], "training",
                                          d["max_seq_len"])
     reports = [report]
-    val_set = c.val_set
     if val_set is not None:
         val_set, val_report = apply_length_cap(val_set, cap, d["truncation"], "validation",
                                                d["max_seq_len"])
         reports.append(val_report)
-    for r in reports:
-        if r.cut:
-            progress.message(r.line(d["max_seq_len"]))
-    sampler = c.sampler if len(train_set) == len(c.train_set) else \
-        build_sampler(config, world, len(train_set))
-    return replace(c, train_set=train_set, val_set=val_set, sampler=sampler)
+    return train_set, val_set, tuple(reports)
 
 
 def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
@@ -457,7 +452,9 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     messages = Progress(enabled=world.is_main, show_steps=False, total=t["steps"], initial=0,
                         desc="")
     c = build_components(config, world)
-    c = apply_length_cap_policy(c, config, world, messages)
+    for report in c.cap_reports:
+        if report.cut:
+            messages.message(report.line(config["data"]["max_seq_len"]))
     budget = resolve_budget(config, len(c.train_set))  # train.epochs -> train.steps
     if budget:
         messages.message(budget)

@@ -229,3 +229,18 @@ def test_a_response_longer_than_the_canvas_budget_fails_before_training():
     cfg = config("strategy.max_blocks=1", strategy="block_diffusion")
     with pytest.raises(ValueError, match=r"canvas blocks of 4, more than the canvas budget"):
         build_components(cfg, cpu)
+
+
+def test_the_canvas_budget_is_checked_on_the_data_as_truncated():
+    """Responses of 6 tokens (5 letters + end of turn) need 2 blocks of 4; a 16-token cap cuts
+    every response to at most 4 (prompts take 11-13 tokens), so as trained a budget of one
+    block is met: the check must see the records after ``data.truncation``."""
+    from dlmkit.train.distributed import World
+    from dlmkit.train.recipe import build_components
+    from tests.train.helpers import config
+
+    cpu = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    cfg = config("strategy.max_blocks=1", "data.max_seq_len=16", "data.truncation=truncate",
+                 strategy="block_diffusion")
+    c = build_components(cfg, cpu)
+    assert c.cap_reports[0].cut > 0
