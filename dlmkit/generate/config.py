@@ -36,6 +36,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     # speculative decoding: target + DFlash drafter; block_size caps the drafted block
     "dflash": frozenset(_COMMON | {"block_size"}),
 }
+# What hybrid's autoregressive mode ignores (it has its own exact causal cache).
+_HYBRID_DIFFUSION_ONLY = ("steps", "remasking", "threshold", "factor", "cache")
 # KV cache kinds each sampler supports (``cache`` option). Only the block samplers' cache is
 # exact; the masked sampler's are Fast-dLLM's approximations (see :mod:`dlmkit.generate.masked`).
 CACHES: dict[str, tuple[str, ...]] = {"mdlm": ("none", "prefix", "dual"),
@@ -121,9 +123,17 @@ class SamplerConfig:
         if unused:
             raise ValueError(f"sampler {s!r} does not use option(s) {unused}; it accepts "
                              f"{sorted(OPTIONS[s])}")
+        if s == "hybrid" and self.mode == "ar":
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            unused = sorted(name for name in _HYBRID_DIFFUSION_ONLY
+                            if getattr(self, name) != defaults[name])
+            if unused:
+                raise ValueError(f"hybrid mode='ar' decodes the clean causal stream one token "
+                                 f"per forward and does not use the diffusion option(s) "
+                                 f"{unused}; drop them or use mode='diffusion'")
         _int("max_new_tokens", self.max_new_tokens, 1)
         steps = self.steps
-        if "steps" in OPTIONS[s]:
+        if "steps" in OPTIONS[s] and not (s == "hybrid" and self.mode == "ar"):
             steps = self.max_new_tokens if steps is None else _int("steps", steps, 1)
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not self.temperature >= 0 or math.isinf(self.temperature)):

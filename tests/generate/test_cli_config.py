@@ -104,3 +104,12 @@ def test_config_errors_and_defaults(model_dir):
     assert (cfg.sampler, cfg.block_size, cfg.steps) == ("bd3lm", 4, 32)
     assert cfg.resolved() == cfg
     assert loaded.config("hybrid", mode="ar").block_size is None
+
+
+@pytest.mark.parametrize("option", [dict(cache="prefix"), dict(steps=4), dict(threshold=0.9),
+                                    dict(factor=1.0), dict(remasking="margin")])
+def test_hybrid_ar_mode_rejects_the_diffusion_options_it_would_ignore(option):
+    (name,) = option
+    with pytest.raises(ValueError, match=rf"mode='ar' .* \['{name}'\]"):
+        SamplerConfig.from_options("hybrid", mode="ar", max_new_tokens=8, **option)
+    SamplerConfig.from_options("hybrid", max_new_tokens=8, block_size=4, **option)  # diffusion
