@@ -47,11 +47,13 @@ DEFAULTS: dict = {
         "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
     },
     # + the strategy's own options (see dlmkit.strategies). BD3-LM is the default because it
-    # decodes the bundled task exactly (100% exact match after the default 400 steps) while the
-    # tiny MDLM learns the answer length from the canvas length (see the README).
+    # decodes the bundled task exactly (100% exact match within 400 steps) while the tiny MDLM
+    # learns the answer length from the canvas length (see the README).
     "strategy": {"name": "bd3lm"},
     "train": {
-        "steps": 400,
+        # 1200: what the user-like suite (tests/suite) needs; 400 learns the bundled task but
+        # leaves bd3lm at 0.5% exact match on `transform` (1200: 97%), see the README.
+        "steps": 1200,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
         "epochs": None,           # passes over the training records; when set it decides the
                                   # step count instead of steps (see dlmkit.train.budget)
