@@ -37,7 +37,7 @@ OPTIONS: dict[str, frozenset[str]] = {
     "dflash": frozenset(_COMMON | {"block_size"}),
 }
 # What hybrid's autoregressive mode ignores (it has its own exact causal cache).
-_HYBRID_DIFFUSION_ONLY = ("steps", "remasking", "threshold", "factor", "cache")
+_HYBRID_DIFFUSION_ONLY = frozenset({"steps", "remasking", "threshold", "factor", "cache"})
 # KV cache kinds each sampler supports (``cache`` option). Only the block samplers' cache is
 # exact; the masked sampler's are Fast-dLLM's approximations (see :mod:`dlmkit.generate.masked`).
 CACHES: dict[str, tuple[str, ...]] = {"mdlm": ("none", "prefix", "dual"),
@@ -117,23 +117,18 @@ class SamplerConfig:
         s = self.sampler
         if s not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {s!r}")
+        accepts, user = OPTIONS[s], f"sampler {s!r}"
+        if s == "hybrid" and self.mode == "ar":  # the clean causal stream, one token a forward
+            accepts, user = accepts - _HYBRID_DIFFUSION_ONLY, "hybrid mode='ar'"
         unused = sorted(f.name for f in dataclasses.fields(self)
-                        if f.name != "sampler" and f.name not in OPTIONS[s]
+                        if f.name != "sampler" and f.name not in accepts
                         and getattr(self, f.name) != f.default)
         if unused:
-            raise ValueError(f"sampler {s!r} does not use option(s) {unused}; it accepts "
-                             f"{sorted(OPTIONS[s])}")
-        if s == "hybrid" and self.mode == "ar":
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            unused = sorted(name for name in _HYBRID_DIFFUSION_ONLY
-                            if getattr(self, name) != defaults[name])
-            if unused:
-                raise ValueError(f"hybrid mode='ar' decodes the clean causal stream one token "
-                                 f"per forward and does not use the diffusion option(s) "
-                                 f"{unused}; drop them or use mode='diffusion'")
+            raise ValueError(f"{user} does not use option(s) {unused}; it accepts "
+                             f"{sorted(accepts)}")
         _int("max_new_tokens", self.max_new_tokens, 1)
         steps = self.steps
-        if "steps" in OPTIONS[s] and not (s == "hybrid" and self.mode == "ar"):
+        if "steps" in accepts:
             steps = self.max_new_tokens if steps is None else _int("steps", steps, 1)
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not self.temperature >= 0 or math.isinf(self.temperature)):
