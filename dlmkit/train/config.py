@@ -60,7 +60,8 @@ DEFAULTS: dict = {
         "global_batch_size": 64,
         "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
                                    # share); accumulation = global / (micro * world)
-        "lr": 3.0e-3,
+        "lr": None,               # None = the strategy's default_lr (3e-3; block_diffusion
+                                  # 1e-3), written into the run's config.yaml
         "min_lr_ratio": 0.1,
         "warmup_steps": 20,
         "weight_decay": 0.01,
@@ -272,7 +273,8 @@ def validate(config: dict) -> dict:
     for key in ("global_batch_size", "log_every", "val_every",
                 "save_every"):
         need(positive_int(t[key]), f"train.{key} must be a positive int, got {t[key]!r}")
-    need(number(t["lr"]) and t["lr"] > 0, f"train.lr must be > 0, got {t['lr']!r}")
+    need(t["lr"] is None or (number(t["lr"]) and t["lr"] > 0),
+         f"train.lr must be > 0 (or null: the strategy's default), got {t['lr']!r}")
     need(isinstance(t["warmup_steps"], int) and not isinstance(t["warmup_steps"], bool)
          and t["warmup_steps"] >= 0,
          f"train.warmup_steps must be an int >= 0, got {t['warmup_steps']!r}")

@@ -370,10 +370,13 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
-    Every input error surfaces here, before any training step."""
+    Every input error surfaces here, before any training step. ``train.lr: null`` is resolved
+    in ``config`` to the strategy's ``default_lr`` (so the run's config.yaml records it)."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
+    if t["lr"] is None:
+        t["lr"] = strategy_cls.default_lr
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,

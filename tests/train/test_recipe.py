@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 from dlmkit import strategies
 from dlmkit.cli import main
@@ -29,6 +30,17 @@ def test_each_strategy_trains_with_finite_loss(tmp_path, name):
     (val,) = losses(run_dir, "validation")
     assert math.isfinite(val)
     assert (run_dir / "loss.png").is_file() and (run_dir / "config.yaml").is_file()
+    # train.lr unset: the family's default learning rate, recorded in the run's config
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert stored["train"]["lr"] == strategies.get(name).default_lr
+
+
+def test_the_learning_rate_is_the_familys_unless_set():
+    assert strategies.get("block_diffusion").default_lr == 1e-3  # measured: see the README
+    assert strategies.get("bd3lm").default_lr == 3e-3
+    for extra, expected in (((), 1e-3), (("train.lr=5e-4",), 5e-4)):
+        c = build_components(config(*extra, strategy="block_diffusion"), CPU)
+        assert [g["initial_lr"] for g in c.optimizer.param_groups] == [expected, expected]
 
 
 def test_loss_falls_over_50_steps(tmp_path):
