@@ -52,8 +52,10 @@ class Strategy:
     sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
-    # The peak learning rate used when ``train.lr`` is not set (measured on tests/suite).
+    # The peak learning rate and the step budget used when ``train.lr`` / ``train.steps`` (and
+    # ``train.epochs``) are not set: measured on tests/suite (see the README).
     default_lr: float = 3.0e-3
+    default_steps: int = 1200
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
     # ELBOs), or None when the family cannot answer them.

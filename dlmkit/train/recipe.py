@@ -370,13 +370,16 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
-    Every input error surfaces here, before any training step. ``train.lr: null`` is resolved
-    in ``config`` to the strategy's ``default_lr`` (so the run's config.yaml records it)."""
+    Every input error surfaces here, before any training step. ``train.lr: null`` and
+    ``train.steps: null`` (with no ``train.epochs``) are resolved in ``config`` to the
+    strategy's ``default_lr`` / ``default_steps``, so the run's config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
     if t["lr"] is None:
         t["lr"] = strategy_cls.default_lr
+    if t["steps"] is None and t["epochs"] is None:
+        t["steps"] = strategy_cls.default_steps
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
@@ -454,7 +457,11 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     # says; the step display starts once the first step is known.
     messages = Progress(enabled=world.is_main, show_steps=False, total=t["steps"], initial=0,
                         desc="")
+    family_budget = t["steps"] is None and t["epochs"] is None
     c = build_components(config, world)
+    if family_budget:
+        messages.message(f"train.steps={t['steps']}: the {config['strategy']['name']} default "
+                         "(set train.steps or train.epochs to change it)")
     for report in c.cap_reports:
         if report.cut:
             messages.message(report.line(config["data"]["max_seq_len"]))

@@ -25,10 +25,24 @@ def test_the_later_of_steps_and_epochs_decides():
     assert (back["steps"], back["epochs"]) == (7, None)
     with pytest.raises(ConfigError, match="both set"):
         load_config(None, ["train={steps: 3, epochs: 2}"])
-    with pytest.raises(ConfigError, match="train.steps or train.epochs"):
-        load_config(None, ["train.steps=null"])
     with pytest.raises(ConfigError, match="train.epochs"):
         load_config(None, ["train.epochs=0"])
+    with pytest.raises(ConfigError, match="train.steps must be a positive int, got 0"):
+        load_config(None, ["train.steps=0"])
+
+
+@pytest.mark.parametrize("name, extra, steps", [
+    ("mdlm", (), 3000), ("scdd", (), 3000), ("bd3lm", (), 1200),
+    ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), None)])
+def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
+    """Neither train.steps nor train.epochs set: the strategy's default_steps (mdlm and scdd
+    learn slower, see the README); an explicit budget wins."""
+    from dlmkit.train.distributed import World
+    from dlmkit.train.recipe import build_components
+
+    cfg = config(*extra, strategy=name)
+    build_components(cfg, World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    assert cfg["train"]["steps"] == steps
 
 
 def test_epochs_set_the_step_count(tmp_path):
