@@ -347,6 +347,7 @@ class Components:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sampler: GlobalBatchSampler
     cap_reports: tuple = ()  # what ``data.truncation`` cut, per split (see truncation.py)
+    budget_report: str | None = None  # how train.steps was decided, when not set (budget.py)
 
 
 def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
@@ -370,16 +371,15 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
-    Every input error surfaces here, before any training step. ``train.lr: null`` and
-    ``train.steps: null`` (with no ``train.epochs``) are resolved in ``config`` to the
-    strategy's ``default_lr`` / ``default_steps``, so the run's config.yaml records them."""
+    Every input error surfaces here, before any training step. ``train.lr: null`` and the
+    budget (``train.epochs``, or neither it nor ``train.steps`` set) are resolved in ``config``
+    to the strategy's ``default_lr`` and a step count (:func:`.budget.resolve_budget`), so the
+    schedule is complete and the run's config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
     if t["lr"] is None:
         t["lr"] = strategy_cls.default_lr
-    if t["steps"] is None and t["epochs"] is None:
-        t["steps"] = strategy_cls.default_steps
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
@@ -388,6 +388,7 @@ def build_components(config: dict, world: World) -> Components:
     train_set, val_set, cap_reports = apply_length_cap_policy(
         *build_datasets(config, tokenizer), collator.max_seq_len, config)
     sampler = build_sampler(config, world, len(train_set))
+    budget_report = resolve_budget(config, len(train_set), strategy)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -407,7 +408,7 @@ def build_components(config: dict, world: World) -> Components:
                                   lr=t["lr"], betas=tuple(t["betas"]))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, config))
     return Components(tokenizer, strategy, collator, train_set, val_set, model, optimizer,
-                      scheduler, sampler, cap_reports)
+                      scheduler, sampler, cap_reports, budget_report)
 
 
 def check_setup(config: dict, device: torch.device) -> None:
@@ -457,17 +458,12 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     # says; the step display starts once the first step is known.
     messages = Progress(enabled=world.is_main, show_steps=False, total=t["steps"], initial=0,
                         desc="")
-    family_budget = t["steps"] is None and t["epochs"] is None
     c = build_components(config, world)
-    if family_budget:
-        messages.message(f"train.steps={t['steps']}: the {config['strategy']['name']} default "
-                         "(set train.steps or train.epochs to change it)")
     for report in c.cap_reports:
         if report.cut:
             messages.message(report.line(config["data"]["max_seq_len"]))
-    budget = resolve_budget(config, len(c.train_set))  # train.epochs -> train.steps
-    if budget:
-        messages.message(budget)
+    if c.budget_report:
+        messages.message(c.budget_report)
     tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
     train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
     model, optimizer, scheduler = c.model, c.optimizer, c.scheduler

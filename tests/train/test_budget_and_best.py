@@ -33,15 +33,15 @@ def test_the_later_of_steps_and_epochs_decides():
 
 @pytest.mark.parametrize("name, extra, steps", [
     ("mdlm", (), 3000), ("scdd", (), 3000), ("bd3lm", (), 1200),
-    ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), None)])
+    ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
     """Neither train.steps nor train.epochs set: the strategy's default_steps (mdlm and scdd
-    learn slower, see the README); an explicit budget wins."""
-    from dlmkit.train.distributed import World
-    from dlmkit.train.recipe import build_components
+    learn slower, see the README); an explicit budget wins (1 epoch of 64 records, 8 a step)."""
+    from dlmkit import strategies
+    from dlmkit.train.budget import resolve_budget
 
     cfg = config(*extra, strategy=name)
-    build_components(cfg, World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    resolve_budget(cfg, 64, strategies.get(name))
     assert cfg["train"]["steps"] == steps
 
 
