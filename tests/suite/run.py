@@ -1,11 +1,15 @@
 """Train one family on one suite task with the documented defaults and score it.
 
     python tests/suite/run.py FAMILY TASK [--tokenizer byte|bpe] [--out DIR] [--set k=v ...]
+                              [--decode k=v ...] [--record NAME]
+    python tests/suite/run.py FAMILY TASK --score-only RUN [--decode k=v ...]
 
 Only the data files (and the tokenizer) are set, as a new user would; ``--set`` adds config
-overrides (for controls). Prints one JSON line: family, task, tokenizer, steps, the last and
-best validation loss, exact match of ``final/`` on the test split (last assistant turn, every
-earlier turn given as written) and the wall time of training and of scoring.
+overrides (for controls), ``--decode`` sampler options for scoring (e.g. ``block_size=1``).
+Prints one JSON line: family, task, tokenizer, steps, the last and best validation loss, exact
+match of ``final/`` on the test split (last assistant turn, every earlier turn given as
+written) and the wall time of training and of scoring; ``--record NAME`` also appends it, as
+run ``NAME``, to ``docs/results/suite.jsonl``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parents[1] / "docs" / "results" / "suite.jsonl"
 sys.path.insert(0, str(HERE))
 
 import generate as suite  # noqa: E402  (run as a script, beside generate.py)
@@ -49,14 +54,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data", type=Path, default=HERE / "data")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--decode", action="append", default=[], metavar="K=V",
+                        help="a sampler option for scoring (JSON value), e.g. block_size=1")
     parser.add_argument("--score-only", type=Path, metavar="RUN",
                         help="score an existing run directory instead of training")
+    parser.add_argument("--record", metavar="NAME",
+                        help=f"append the result line, as run NAME, to {RESULTS}")
     args = parser.parse_args(argv)
+    decode = sampler_options(parser, args.decode)
 
     from dlmkit.train import load_config, run
 
     if args.score_only:
-        print(json.dumps(score(args.score_only / "final", args.data / args.task / "test.jsonl")))
+        print(json.dumps({"decode": decode, **score(args.score_only / "final",
+                                                    args.data / args.task / "test.jsonl",
+                                                    **decode)}))
         return 0
     if not (args.data / args.task / "train.jsonl").is_file():
         suite.main([str(args.data)])
@@ -80,10 +92,28 @@ def main(argv: list[str]) -> int:
     result = {"family": args.family, "task": args.task, "tokenizer": args.tokenizer,
               "steps": steps, "val_last": val[-1] if val else None,
               "val_best": min(val) if val else None, "train_s": round(train_s, 1),
-              "overrides": args.overrides,
-              **score(out / "final", data / "test.jsonl")}
+              "overrides": args.overrides, **({"decode": decode} if decode else {}),
+              **score(out / "final", data / "test.jsonl", **decode)}
     print(json.dumps(result))
+    if args.record:
+        with RESULTS.open("a") as fh:
+            fh.write(json.dumps({"run": args.record, **result}) + "\n")
     return 0
+
+
+def sampler_options(parser, pairs: list[str]) -> dict:
+    """``["block_size=1", "remasking=margin"]`` -> ``{"block_size": 1, "remasking": "margin"}``
+    (a value that is not JSON is a string)."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            parser.error(f"--decode takes K=V, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 if __name__ == "__main__":
