@@ -64,3 +64,15 @@ def test_the_bpe_tokenizer_loads_and_supervises_every_answer(written):
     data = SFTDataset.from_files(written / "chat" / "test.jsonl", tok)  # BPE: fewer tokens
     assert int(data.lengths.max()) < int(SFTDataset.from_files(
         written / "chat" / "test.jsonl", load_tokenizer("byte")).lengths.max())
+
+
+def test_the_runner_reads_sampler_options_as_json_values():
+    import argparse
+
+    from . import run
+
+    parser = argparse.ArgumentParser()
+    assert run.sampler_options(parser, ["block_size=1", "remasking=margin", "threshold=0.9"]) \
+        == {"block_size": 1, "remasking": "margin", "threshold": 0.9}
+    with pytest.raises(SystemExit):  # argparse's error: "--decode takes K=V, got 'steps'"
+        run.sampler_options(parser, ["steps"])
