@@ -55,7 +55,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--decode", action="append", default=[], metavar="K=V",
-                        help="a sampler option for scoring (JSON value), e.g. block_size=1")
+                        help="a sampler option for scoring (value read as --set reads it), "
+                             "e.g. block_size=1")
     parser.add_argument("--score-only", type=Path, metavar="RUN",
                         help="score an existing run directory instead of training")
     parser.add_argument("--record", metavar="NAME",
@@ -103,16 +104,18 @@ def main(argv: list[str]) -> int:
 
 def sampler_options(parser, pairs: list[str]) -> dict:
     """``["block_size=1", "remasking=margin"]`` -> ``{"block_size": 1, "remasking": "margin"}``
-    (a value that is not JSON is a string)."""
+    (values read as ``--set`` reads them: :func:`dlmkit.train.config.parse_override`)."""
+    from dlmkit.train.config import ConfigError, parse_override
+
     options = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            parser.error(f"--decode takes K=V, got {pair!r}")
         try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
+            path, value = parse_override(pair)
+        except ConfigError:
+            path = None
+        if path is None or len(path) != 1:
+            parser.error(f"--decode takes K=V (a sampler option), got {pair!r}")
+        options[path[0]] = value
     return options
 
 

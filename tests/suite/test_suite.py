@@ -66,7 +66,7 @@ def test_the_bpe_tokenizer_loads_and_supervises_every_answer(written):
         written / "chat" / "test.jsonl", load_tokenizer("byte")).lengths.max())
 
 
-def test_the_runner_reads_sampler_options_as_json_values():
+def test_the_runner_reads_sampler_options_as_set_reads_values():
     import argparse
 
     from . import run
