@@ -51,9 +51,10 @@ DEFAULTS: dict = {
     # learns the answer length from the canvas length (see the README).
     "strategy": {"name": "bd3lm"},
     "train": {
-        # None (and no epochs) = the strategy's default_steps: 1200, what the user-like suite
-        # (tests/suite) needs (400 learns the bundled task but leaves bd3lm at 0.5% exact match
-        # on `transform`; 1200: 97%); mdlm/scdd 3000 (see the README). Written into config.yaml.
+        # None (and no epochs) = the strategy's default_steps (Strategy: 1200, what the
+        # user-like suite tests/suite needs — 400 learns the bundled task but leaves bd3lm at
+        # 0.5% exact match on `transform`, 1200: 97%; some families set more, see each strategy
+        # and the README's table). Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
         "epochs": None,           # passes over the training records; when set it decides the
