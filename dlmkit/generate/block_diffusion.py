@@ -19,8 +19,9 @@ tokens:
      ``remasking`` confidence (``low_confidence``, ``margin``, ``entropy``, ``random``) picks
      the linear schedule's count of the most confident uncommitted positions
      (:func:`~dlmkit.generate.primitives.scheduled_count`; with ``threshold`` also every one at
-     least that confident, :func:`~dlmkit.generate.primitives.select_transfers`); committed
-     tokens stay fixed, the others are renoised, and the canvas ends when all are committed;
+     least that confident, with ``factor`` Fast-dLLM's factor rule, as in the mdlm sampler:
+     :func:`~dlmkit.generate.primitives.select_transfers`); committed tokens stay fixed, the
+     others are renoised, and the canvas ends when all are committed;
 
 4. **adaptive stopping** (``stability_threshold`` and ``confidence_threshold``): a row stops
    denoising when its argmax canvas has not changed for ``stability_threshold`` steps and its
@@ -191,11 +192,11 @@ def sample_canvas(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
                 new_current = torch.where(accept, proposal, current)
             else:
                 # commit the scheduled count of the most confident uncommitted positions (and
-                # with a threshold every one that confident); committed tokens stay fixed
+                # whatever the threshold or factor rule adds); committed tokens stay fixed
                 scores = confidence(logits, proposal, cfg.remasking, generator)
                 chosen = select_transfers(scores, ~committed,
                                           scheduled_count((~committed).sum(1), remaining),
-                                          cfg.threshold)
+                                          cfg.threshold, cfg.factor)
                 new_current = torch.where(chosen, proposal, current)
                 committed = committed | chosen
                 accept = committed

@@ -31,7 +31,7 @@ OPTIONS: dict[str, frozenset[str]] = {
     "ar": frozenset(_COMMON),
     # DiffusionGemma canvases: commit rules, temperature schedule, adaptive stopping
     "block_diffusion": frozenset(_COMMON | {"steps", "block_size", "remasking", "threshold",
-                                            "entropy_bound", "t_min", "t_max",
+                                            "factor", "entropy_bound", "t_min", "t_max",
                                             "stability_threshold", "confidence_threshold"}),
     # speculative decoding: target + DFlash drafter; block_size caps the drafted block
     "dflash": frozenset(_COMMON | {"block_size"}),
@@ -199,8 +199,9 @@ def _check_canvas_options(cfg: SamplerConfig) -> None:
     """The block_diffusion sampler's own options: pairs set together, ranges."""
     if cfg.entropy_bound is not None:
         _number("entropy_bound", cfg.entropy_bound, positive=True)
-        if cfg.threshold is not None:
-            raise ValueError("entropy_bound and threshold are two commit rules; set one")
+        for rule in ("threshold", "factor"):
+            if getattr(cfg, rule) is not None:
+                raise ValueError(f"entropy_bound and {rule} are two commit rules; set one")
     if (cfg.t_min is None) != (cfg.t_max is None):
         raise ValueError(f"t_min and t_max go together (a linear temperature schedule), got "
                          f"t_min={cfg.t_min!r}, t_max={cfg.t_max!r}")

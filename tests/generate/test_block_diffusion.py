@@ -82,12 +82,34 @@ def test_threshold_ends_a_canvas_early(model, tokenizer):
     assert fast.forwards == NEW // BLOCK
 
 
+def test_the_factor_rule_ends_a_canvas_early_and_a_tiny_factor_changes_nothing(model,
+                                                                               tokenizer):
+    """Fast-dLLM's factor rule commits the ``n`` most confident while ``(n + 1)(1 - c_n) <
+    f``: a factor above ``(W + 1)`` passes every rank (one step per canvas); one no rank can
+    pass leaves the schedule's commits alone, so the tokens are those of the plain decode."""
+    prompts = [prompt(tokenizer, "rev abcd"), prompt(tokenizer, "rev hgfedcb")]
+
+    def run(**options):
+        return decode(model, tokenizer, prompts,
+                      [torch.Generator().manual_seed(s) for s in (0, 1)], steps=24, **options)
+
+    plain, full = run()
+    same, tiny = run(factor=1e-12)
+    _, fast = run(factor=BLOCK + 2.0)
+    assert same.tolist() == plain.tolist()
+    assert tiny.forwards == full.forwards == 4 * NEW // BLOCK
+    assert fast.forwards == NEW // BLOCK
+
+
 @pytest.mark.parametrize("options, message", [
     ({"t_min": 0.4}, "t_min and t_max go together"),
     ({"t_min": 0.8, "t_max": 0.4}, "t_min must be < t_max"),
     ({"t_min": 0.4, "t_max": 0.8, "temperature": 1.0}, "replace temperature"),
     ({"entropy_bound": 0.0}, "entropy_bound must be a finite number > 0"),
-    ({"entropy_bound": 0.1, "threshold": 0.9}, "two commit rules"),
+    ({"entropy_bound": 0.1, "threshold": 0.9}, "entropy_bound and threshold are two commit"),
+    ({"entropy_bound": 0.1, "factor": 1.0}, "entropy_bound and factor are two commit rules"),
+    ({"threshold": 0.9, "factor": 1.0}, "threshold and factor are two parallel commit rules"),
+    ({"factor": 0.0}, "factor must be a finite number > 0"),
     ({"stability_threshold": 1}, "go together"),
     ({"stability_threshold": -1, "confidence_threshold": 0.1}, "stability_threshold must be"),
 ])
