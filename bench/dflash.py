@@ -6,10 +6,13 @@ target's share of a training step, and the drafter's per-offset accuracy curves.
 
 Prints one JSON object:
 
-* ``decode``: per prompt, one at a time (speculative decoding is per row): target-only greedy
-  (the ``ar`` sampler) and speculative greedy — tokens/s of each, their ratio, ``tau``
-  (tokens per verification forward, bonus included), target forwards per generated token
-  (prefill included), and whether every output is identical;
+* ``decode``: per prompt, one at a time: target-only greedy (the ``ar`` sampler) and
+  speculative greedy — tokens/s of each, their ratio, ``tau`` (tokens per verification
+  forward, bonus included), target forwards per generated token (prefill included), and
+  whether every output is identical;
+* ``batched``: the same prompts in batches of ``--batch-size``, target-only against
+  speculative (every row of a batch verified in one target forward): tokens/s, their ratio,
+  batched target forwards of each and whether every output is identical;
 * ``transformers``: ``target.generate(assistant_model=drafter, speculation_type="dflash")`` on
   the same prompts: identical tokens to ours, its tokens/s;
 * ``train_step``: a few drafter training steps (the drafter run's config): seconds per step and
@@ -85,6 +88,36 @@ def decode(target_dir: str, draft_dir: str, task: str, n: int) -> tuple[dict, di
     return result, hf
 
 
+def batched(target_dir: str, draft_dir: str, task: str, n: int, batch_size: int) -> dict:
+    """Target-only against speculative greedy decoding, ``batch_size`` prompts per call."""
+    from dlmkit.data import get_task
+    from dlmkit.generate import generate, load
+    from dlmkit.generate.speculative import attach_draft
+
+    loaded = load(target_dir)
+    prompts = [r["prompt"] for r in get_task(task).records("test", n)]
+    pair_loaded = attach_draft(loaded, draft_dir)
+    result = {"batch_size": batch_size}
+    outputs = {}
+    for name, model, cfg in (("target_only", loaded.model, loaded.config("ar")),
+                             ("speculative", pair_loaded.model, pair_loaded.config())):
+        seconds = generated = forwards = 0
+        tokens = []
+        for i in range(0, len(prompts), batch_size):
+            out = generate(model, loaded.tokenizer, prompts[i:i + batch_size], cfg,
+                           first_index=i)
+            seconds, generated = seconds + out.seconds, generated + out.generated
+            forwards += out.forwards
+            tokens += out.tokens
+        outputs[name] = tokens
+        result[f"{name}_tokens_per_s"] = generated / seconds
+        result[f"{name}_forwards"] = forwards
+    result["speedup"] = result["speculative_tokens_per_s"] / result["target_only_tokens_per_s"]
+    result["identical_outputs"] = sum(a == b for a, b in zip(outputs["target_only"],
+                                                             outputs["speculative"]))
+    return result
+
+
 def train_share(draft_dir: str, steps: int) -> dict:
     """Seconds per drafter training step and the frozen target's share (the drafter run's
     config, a few steps from a fresh drafter)."""
@@ -147,6 +180,8 @@ def main() -> None:
     parser.add_argument("--draft", required=True)
     parser.add_argument("--task", default="copy")
     parser.add_argument("-n", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="prompts per call in the batched comparison (0: skip it)")
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, help="directory for draft_acc_k.png")
@@ -154,6 +189,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     spec, hf = decode(args.target, args.draft, args.task, args.n)
     print(json.dumps({"threads": args.threads, "decode": spec, "transformers": hf,
+                      "batched": batched(args.target, args.draft, args.task, args.n,
+                                         args.batch_size) if args.batch_size else None,
                       "train_step": train_share(args.draft, args.train_steps)
                       if args.train_steps else None,
                       "draft_acc_k": acc_curves(args.draft, args.out)}, indent=1))

@@ -15,9 +15,19 @@ One cycle, from the last accepted token ``t`` at position ``p`` (the *anchor*):
 4. the target cache drops the rejected drafts; the accepted tokens' hidden states become new
    drafter context; the bonus is the next anchor.
 
-Rows are decoded one at a time (acceptance lengths differ per row). ``tau`` (acceptance
-length) is tokens per verification forward, bonus included; the prefill forward is counted in
-``forwards`` (tokens per target forward overall) but not in ``tau``.
+**Batches.** The rows of a batch run these cycles together, one target and one drafter forward
+per cycle for all of them, although each row accepts a different number of drafts. The caches
+are shared column by column: every cycle appends ``k + 1`` columns for every row (``k`` the
+most drafts any row may still take), and a per-row key-validity mask hides a row's rejected
+drafts, its prompt padding and every column after it has stopped; positions are per row. A row
+therefore gets the same logits it would get alone (up to float rounding of the masked
+attention) and draws its random numbers in the same order from its own generator, so its
+output does not depend on its batch. The price: a row's cache holds ``k + 1`` columns per
+cycle however few it accepted.
+
+``tau`` (acceptance length) is tokens per verification forward of one row, bonus included;
+``target_forwards`` counts per row too (prefill included: tokens per target forward overall, not
+in ``tau``); ``target_calls`` counts the batched forwards.
 """
 
 from __future__ import annotations
@@ -35,9 +45,10 @@ from .stream import exclude
 class DFlashPair(nn.Module):
     """A frozen target causal LM and its DFlash drafter, checked to fit each other.
 
-    ``stats`` accumulates over calls: ``target_forwards`` (prefill + verification),
+    ``stats`` accumulates over calls: per row, ``target_forwards`` (prefill + verification),
     ``draft_forwards``, ``verify_forwards``, ``verified_tokens`` (tokens produced by the
-    verification forwards, bonus included) and ``generated``.
+    verification forwards, bonus included) and ``generated``; ``target_calls``, the batched
+    target forwards.
     """
 
     def __init__(self, target, drafter) -> None:
@@ -55,8 +66,8 @@ class DFlashPair(nn.Module):
                              f"{tc.num_hidden_layers} (ids 0..{tc.num_hidden_layers - 1})")
         self.target, self.drafter = target, drafter
         self.layer_ids = list(drafter.config.target_layer_ids)
-        self.stats = dict.fromkeys(("target_forwards", "draft_forwards", "verify_forwards",
-                                    "verified_tokens", "generated"), 0)
+        self.stats = dict.fromkeys(("target_forwards", "target_calls", "draft_forwards",
+                                    "verify_forwards", "verified_tokens", "generated"), 0)
         import inspect
 
         params = inspect.signature(target.forward).parameters
@@ -66,33 +77,41 @@ class DFlashPair(nn.Module):
     def block_size(self) -> int:
         return int(self.drafter.config.block_size)
 
-    def target_step(self, ids: torch.Tensor, position: int, cache):
-        """Target over ``ids [1, n]`` at positions ``position ..``: ``(logits [n, V] float,
-        context [1, n, len(ids) * H])``."""
-        pos = torch.arange(position, position + ids.shape[1], device=ids.device).unsqueeze(0)
-        out = self.target(input_ids=ids, position_ids=pos, use_cache=True,
+    def target_step(self, ids: torch.Tensor, positions: torch.Tensor, key_valid: torch.Tensor,
+                    cache, rows: int):
+        """Target over ``ids [B, n]`` at ``positions [B, n]``, appended to ``cache``, whose
+        columns (old and new) a row may see where ``key_valid [B, C + n]`` is true: ``(logits
+        [B, n, V] float, context [B, n, len(layer_ids) * H])``. ``rows``: how many rows still
+        decode (the per-row forward count)."""
+        out = self.target(input_ids=ids, position_ids=positions, use_cache=True,
+                          attention_mask=key_valid.long(),
                           output_hidden_states=[i + 1 for i in self.layer_ids],
                           **{self._cache_kw: cache})
-        self.stats["target_forwards"] += 1
+        self.stats["target_calls"] += 1
+        self.stats["target_forwards"] += rows
         context = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return out.logits[0].float(), context
+        return out.logits.float(), context
 
-    def draft_step(self, anchor: int, position: int, context, context_position: int, cache,
-                   mask_id: int) -> torch.Tensor:
-        """Drafter logits ``[bs - 1, V]`` for the block anchored at ``position``; ``context``
-        holds the hidden states of positions ``context_position .. position - 1`` not yet in
-        the drafter cache."""
+    def draft_step(self, anchors: torch.Tensor, positions: torch.Tensor, context: torch.Tensor,
+                   context_positions: torch.Tensor, key_valid: torch.Tensor, cache,
+                   mask_id: int, rows: int) -> torch.Tensor:
+        """Drafter logits ``[B, bs - 1, V]`` for the blocks anchored by ``anchors [B]`` at
+        ``positions [B]``. ``context [B, m, W]`` (at ``context_positions [B, m]``) holds the
+        target hidden states not yet in the drafter's ``cache``; ``key_valid [B, cached + m]``
+        which of the cached and new context columns each row may see."""
         bs = self.block_size
-        device = context.device
-        block = torch.full((1, bs), mask_id, dtype=torch.long, device=device)
-        block[0, 0] = anchor
+        batch, device = anchors.shape[0], anchors.device
+        block = torch.full((batch, bs), mask_id, dtype=torch.long, device=device)
+        block[:, 0] = anchors
         noise = self.target.get_input_embeddings()(block)
-        pos = torch.arange(context_position, position + bs, device=device).unsqueeze(0)
+        pos = torch.cat([context_positions,
+                         positions[:, None] + torch.arange(bs, device=device)], 1)
+        keys = torch.cat([key_valid, torch.ones(batch, bs, dtype=torch.bool, device=device)], 1)
         hidden = self.drafter(noise_embeds=noise, context_hidden_states=context,
-                              position_ids=pos, cache=cache).last_hidden_state
-        cache.crop(-bs)  # the block's keys: only accepted context stays cached
-        self.stats["draft_forwards"] += 1
-        return self.target.get_output_embeddings()(hidden[0, 1:]).float()
+                              position_ids=pos, attention_mask=keys, cache=cache).last_hidden_state
+        cache.crop(-bs)  # the blocks' keys: only accepted context stays cached
+        self.stats["draft_forwards"] += rows
+        return self.target.get_output_embeddings()(hidden[:, 1:]).float()
 
 
 def accept(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft: torch.Tensor,
@@ -137,7 +156,22 @@ def speculative_decode(pair: DFlashPair, prompt: Sequence[int], *, max_new_token
                        temperature: float, stop_ids: Sequence[int], mask_id: int,
                        generator: torch.Generator | None = None, block_size: int | None = None,
                        vocab_size: int | None = None) -> list[int]:
-    """One prompt's response ids, up to and including its first stop token.
+    """One prompt's response ids, up to and including its first stop token (a batch of one of
+    :func:`speculative_decode_batch`)."""
+    return speculative_decode_batch(pair, [prompt], max_new_tokens=max_new_tokens,
+                                    temperature=temperature, stop_ids=stop_ids,
+                                    mask_id=mask_id, generators=[generator],
+                                    block_size=block_size, vocab_size=vocab_size)[0]
+
+
+@torch.no_grad()
+def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]], *,
+                             max_new_tokens: int, temperature: float, stop_ids: Sequence[int],
+                             mask_id: int, generators: Sequence | None = None,
+                             block_size: int | None = None,
+                             vocab_size: int | None = None) -> list[list[int]]:
+    """Each prompt's response ids, up to and including its first stop token; the rows decode
+    together (see the module docstring), row ``b`` drawing only from ``generators[b]``.
 
     ``block_size`` (default the drafter's) caps the block verified per forward at
     ``block_size - 1`` drafts; ``vocab_size`` cuts the logits to the tokenizer's vocabulary.
@@ -148,8 +182,12 @@ def speculative_decode(pair: DFlashPair, prompt: Sequence[int], *, max_new_token
     if not 2 <= bs <= pair.block_size:
         raise ValueError(f"block_size must be in [2, {pair.block_size}] (the drafter's block), "
                          f"got {bs}")
-    if not prompt:
-        raise ValueError("prompt must hold at least one token")
+    if not prompts or any(not p for p in prompts):
+        raise ValueError("every prompt must hold at least one token")
+    batch = len(prompts)
+    generators = list(generators) if generators is not None else [None] * batch
+    if len(generators) != batch:
+        raise ValueError(f"{len(generators)} generators for {batch} prompts")
     device = next(pair.parameters()).device
     stops = set(stop_ids)
 
@@ -157,58 +195,89 @@ def speculative_decode(pair: DFlashPair, prompt: Sequence[int], *, max_new_token
         logits = logits if vocab_size is None else logits[..., :vocab_size]
         return exclude(logits, mask_id)
 
+    # Prefill: the prompts right-padded into one block of columns; padding is never a key.
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    width = int(lengths.max())
+    cols = torch.arange(width, device=device)
+    valid = cols[None, :] < lengths[:, None]  # [B, C]: which cache columns each row sees
+    ids = torch.tensor([list(p) + [0] * (width - len(p)) for p in prompts], device=device)
+    positions = torch.where(valid, cols[None, :], 0)
     target_cache, draft_cache = DynamicCache(), DynamicCache()
-    ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
-    logits, context = pair.target_step(ids, 0, target_cache)
-    token = int(_draw(cut(logits[-1]), temperature, generator))
-    out = [token]
-    context_position, position = 0, len(prompt)  # ``token`` sits at ``position``
-    while out[-1] not in stops and len(out) < max_new_tokens:
-        # Never verify more than the response can still take (the bonus included).
-        k = min(bs - 1, max_new_tokens - len(out) - 1)
+    logits, context = pair.target_step(ids, positions, valid, target_cache, batch)
+    last = cut(logits[torch.arange(batch, device=device), lengths - 1])
+    out = [[int(_draw(last[b], temperature, generators[b]))] for b in range(batch)]
+    # The drafter's pending context: target hidden states it has not cached yet.
+    context_positions, context_valid = positions, valid
+    draft_valid = valid[:, :0]  # the drafter cache's column validity
+    position = lengths.clone()  # each row's anchor (its last token) sits here
+    active = [out[b][-1] not in stops and len(out[b]) < max_new_tokens for b in range(batch)]
+    while any(active):
+        live = torch.tensor(active, device=device)
+        rows = int(live.sum())
+        # Never verify more than a response can still take (the bonus included).
+        ks = [min(bs - 1, max_new_tokens - len(out[b]) - 1) if active[b] else 0
+              for b in range(batch)]
+        k = max(ks)
+        anchors = torch.tensor([o[-1] for o in out], device=device)
+        drafts = torch.zeros(batch, k, dtype=torch.long, device=device)
+        draft_logits = None
         if k > 0:
-            draft_logits = cut(pair.draft_step(token, position, context, context_position,
-                                               draft_cache, mask_id)[:k])
-            draft = _draw(draft_logits, temperature, generator)
-        else:
-            draft_logits = draft = torch.zeros((0,), dtype=torch.long, device=device)
-        block = torch.cat([torch.tensor([token], device=device), draft]).unsqueeze(0)
-        logits, verified = pair.target_step(block, position, target_cache)
-        n, token = accept(cut(logits), draft_logits, draft, temperature, generator)
-        if k > n:
-            target_cache.crop(-(k - n))  # the rejected drafts
-        pair.stats["verify_forwards"] += 1
-        pair.stats["verified_tokens"] += n + 1
-        context, context_position = verified[:, :n + 1], position
-        position += n + 1
-        for t in draft[:n].tolist() + [token]:
-            out.append(t)
-            if t in stops:
-                break
-    pair.stats["generated"] += len(out)
+            draft_logits = cut(pair.draft_step(
+                anchors, position, context, context_positions,
+                torch.cat([draft_valid, context_valid], 1), draft_cache, mask_id, rows)[:, :k])
+            draft_valid = torch.cat([draft_valid, context_valid], 1)
+            for b in range(batch):
+                if ks[b]:
+                    drafts[b, :ks[b]] = _draw(draft_logits[b, :ks[b]], temperature,
+                                              generators[b])
+        block = torch.cat([anchors[:, None], drafts], 1)  # [B, k + 1]
+        block_positions = position[:, None] + torch.arange(k + 1, device=device)
+        keys = torch.cat([valid, live[:, None].expand(batch, k + 1)], 1)
+        logits, verified = pair.target_step(block, block_positions, keys, target_cache, rows)
+        logits = cut(logits)
+        accepted = torch.zeros(batch, k + 1, dtype=torch.bool, device=device)
+        for b in range(batch):
+            if not active[b]:
+                continue
+            kb = ks[b]
+            proposed = logits[b, :0] if draft_logits is None else draft_logits[b, :kb]
+            n, token = accept(logits[b, :kb + 1], proposed, drafts[b, :kb], temperature,
+                              generators[b])
+            accepted[b, :n + 1] = True
+            pair.stats["verify_forwards"] += 1
+            pair.stats["verified_tokens"] += n + 1
+            position[b] += n + 1
+            for t in drafts[b, :n].tolist() + [token]:
+                out[b].append(t)
+                if t in stops:
+                    break
+            active[b] = out[b][-1] not in stops and len(out[b]) < max_new_tokens
+        # Rejected drafts stay in the caches as columns no row sees again.
+        valid = torch.cat([valid, accepted], 1)
+        context, context_positions, context_valid = verified, block_positions, accepted
+    pair.stats["generated"] += sum(len(o) for o in out)
     return out
 
 
 def decode_dflash(runner, encoded, cfg, *, stop_ids, generator, mask_id, pad_id):
     """The ``dflash`` sampler (``DECODERS`` entry): ``runner.model`` is a :class:`DFlashPair`.
-    Target forwards are reported as the runner's forwards, so ``tokens_per_forward`` is
-    generated tokens per target forward."""
+    The batch decodes together; the runner counts the batched target forwards as
+    ``forwards`` and the per-row ones as ``row_forwards`` (``tokens_per_forward``: generated
+    tokens per target forward of one row)."""
     pair = runner.model
     if not isinstance(pair, DFlashPair):
         raise ValueError("the dflash sampler needs a target and a drafter: pass the target with "
                          "--model and the drafter with --draft (or --model a drafter export)")
-    rows = []
-    for row, prompt in enumerate(encoded):
-        before = pair.stats["target_forwards"]
-        g = generator[row] if isinstance(generator, (list, tuple)) else generator
-        rows.append(speculative_decode(pair, prompt, max_new_tokens=cfg.max_new_tokens,
-                                       temperature=cfg.temperature, stop_ids=stop_ids,
-                                       mask_id=mask_id, generator=g, block_size=cfg.block_size,
-                                       vocab_size=runner.vocab_size))
-        used = pair.stats["target_forwards"] - before
-        runner.forwards += used
-        runner.row_forwards += used
-    return rows
+    generators = (list(generator) if isinstance(generator, (list, tuple))
+                  else [generator] * len(encoded))
+    calls, rows = pair.stats["target_calls"], pair.stats["target_forwards"]
+    out = speculative_decode_batch(pair, encoded, max_new_tokens=cfg.max_new_tokens,
+                                   temperature=cfg.temperature, stop_ids=stop_ids,
+                                   mask_id=mask_id, generators=generators,
+                                   block_size=cfg.block_size, vocab_size=runner.vocab_size)
+    runner.forwards += pair.stats["target_calls"] - calls
+    runner.row_forwards += pair.stats["target_forwards"] - rows
+    return out
 
 
 def read_meta(path) -> dict:

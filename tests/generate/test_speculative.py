@@ -10,7 +10,8 @@ import torch
 from dlmkit.data import get_task
 from dlmkit.generate import SamplerConfig, generate
 from dlmkit.generate.api import encode_prompt
-from dlmkit.generate.speculative import DFlashPair, accept, speculative_decode
+from dlmkit.generate.speculative import (DFlashPair, accept, speculative_decode,
+                                         speculative_decode_batch)
 from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
 from tests.generate.helpers import MASK, STOPS, TOK, V, tiny_model
 
@@ -28,21 +29,23 @@ def drafter_for(target, block_size=BS, seed=0):
 
 
 class OracleDraft(DFlashPair):
-    """Drafts the target's known greedy continuation, wrong at random offsets: every accepted
-    length from 0 to ``bs - 1`` occurs, so the cache crops and the acceptance rule are all
-    exercised (a wrong token that slipped through would change the output)."""
+    """Drafts each row's known greedy continuation (``references[b]``), wrong at random offsets:
+    every accepted length from 0 to ``bs - 1`` occurs, so the cache crops and the acceptance
+    rule are all exercised (a wrong token that slipped through would change the output)."""
 
-    reference: list[int]
+    references: list[list[int]]
 
-    def draft_step(self, anchor, position, context, context_position, cache, mask_id):
-        self.stats["draft_forwards"] += 1
-        logits = torch.zeros(self.block_size - 1, V)
-        for i in range(self.block_size - 1):
-            at = position + 1 + i
-            token = self.reference[at] if at < len(self.reference) else 0
-            if torch.rand(()) < 0.25:
-                token = (token + 1) % (V - 1)
-            logits[i, token] = 10.0
+    def draft_step(self, anchors, positions, context, context_positions, key_valid, cache,
+                   mask_id, rows):
+        self.stats["draft_forwards"] += rows
+        logits = torch.zeros(anchors.shape[0], self.block_size - 1, V)
+        for b, reference in enumerate(self.references):
+            for i in range(self.block_size - 1):
+                at = int(positions[b]) + 1 + i
+                token = reference[at] if at < len(reference) else 0
+                if torch.rand(()) < 0.25:
+                    token = (token + 1) % (V - 1)
+                logits[b, i, token] = 10.0
         return logits
 
 
@@ -72,7 +75,7 @@ def check_greedy_lossless(count: int, max_new: int, seed: int) -> None:
     ties, lengths = [], set()
     for prompt, expected in zip(prompts, want):
         ids = encode_prompt(TOK, prompt)
-        pair.reference = ids + expected
+        pair.references = [ids + expected]
         before = dict(pair.stats)
         got = speculative_decode(pair, ids, max_new_tokens=max_new, temperature=0,
                                  stop_ids=STOPS, mask_id=MASK)
@@ -90,6 +93,35 @@ def test_greedy_speculative_equals_target_greedy_on_test_prompts():
     check_greedy_lossless(64, 12, seed=0)
 
 
+def test_a_batch_verifies_every_row_together_and_each_equals_target_greedy():
+    """48 ragged prompts in one batch, drafts wrong at random offsets, so in every cycle the
+    rows accept different lengths, and a stop token that only some rows produce (at different
+    places): each row is still its target greedy decode up to its first stop, and one target
+    forward serves every row still decoding."""
+    target = tiny_model(0)
+    prompts = [r["prompt"] for r in get_task("addition").records("test", 48)]
+    want = greedy_reference(target, prompts, 12)  # the untrained target never stops by itself
+    tokens = [t for w in want for t in set(w)]
+    stop = max(set(tokens), key=lambda t: min(tokens.count(t), len(want) - tokens.count(t)))
+    expected = [w[:w.index(stop) + 1] if stop in w else w for w in want]
+    assert 0 < sum(stop in w for w in want) < len(want)
+    pair = OracleDraft(target, drafter_for(target))
+    encoded = [encode_prompt(TOK, p) for p in prompts]
+    assert len({len(e) for e in encoded}) > 1  # ragged: prompt padding is exercised
+    pair.references = [ids + w for ids, w in zip(encoded, want)]
+    torch.manual_seed(0)
+    got = speculative_decode_batch(pair, encoded, max_new_tokens=12, temperature=0,
+                                   stop_ids=(*STOPS, stop), mask_id=MASK)
+    got = [g[:-1] if g and g[-1] in STOPS else g for g in got]  # as the ar sampler strips
+    wrong = [(p, g, e) for p, ids, g, e, w in zip(prompts, encoded, got, expected, want)
+             if g != e and not tied(target, ids, w)]
+    assert not wrong
+    st = pair.stats
+    assert st["verified_tokens"] > 1.5 * st["verify_forwards"]  # drafts were accepted
+    assert st["target_calls"] * 8 < st["target_forwards"]  # ... and rows verified together
+    assert len({len(g) for g in got}) > 3  # rows stopped at different lengths
+
+
 @pytest.mark.slow
 def test_greedy_speculative_equals_target_greedy_on_every_test_prompt():
     check_greedy_lossless(991, 8, seed=1)  # the whole addition test split
@@ -97,15 +129,16 @@ def test_greedy_speculative_equals_target_greedy_on_every_test_prompt():
 
 def test_sampler_dflash_through_generate_with_a_real_drafter():
     """The whole path (dlmkit.generate, sampler ``dflash``, the drafter's KV cache): greedy
-    equals the target's; forwards are the target's, fewer than one per token only when drafts
-    are accepted."""
+    equals the target's; forwards are the target's batched calls, row forwards its per-row
+    ones."""
     target = tiny_model(0)
     prompts = ["1+2=", "33+4=", "5+60="]
     pair = DFlashPair(target, drafter_for(target))
     got = generate(pair, TOK, prompts, SamplerConfig.from_options(
         "dflash", block_size=BS, max_new_tokens=10))
     assert got.tokens == greedy_reference(target, prompts, 10)
-    assert got.forwards == pair.stats["target_forwards"]
+    assert got.forwards == pair.stats["target_calls"]  # batched: one call for every row
+    assert got.row_forwards == pair.stats["target_forwards"] > got.forwards
     assert pair.stats["draft_forwards"] >= pair.stats["verify_forwards"] - len(prompts)
 
 
