@@ -10,8 +10,12 @@ import torch
 from dlmkit.data import get_task
 from dlmkit.generate import SamplerConfig, generate
 from dlmkit.generate.api import encode_prompt
-from dlmkit.generate.speculative import (DFlashPair, accept, speculative_decode,
-                                         speculative_decode_batch)
+from dlmkit.generate.speculative import (
+    DFlashPair,
+    accept,
+    speculative_decode,
+    speculative_decode_batch,
+)
 from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
 from tests.generate.helpers import MASK, STOPS, TOK, V, tiny_model
 
