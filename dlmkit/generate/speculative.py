@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dlmkit.diffusion import rng
+
 from .stream import exclude
 
 
@@ -160,18 +162,19 @@ def speculative_decode(pair: DFlashPair, prompt: Sequence[int], *, max_new_token
     :func:`speculative_decode_batch`)."""
     return speculative_decode_batch(pair, [prompt], max_new_tokens=max_new_tokens,
                                     temperature=temperature, stop_ids=stop_ids,
-                                    mask_id=mask_id, generators=[generator],
+                                    mask_id=mask_id, generator=generator,
                                     block_size=block_size, vocab_size=vocab_size)[0]
 
 
 @torch.no_grad()
 def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]], *,
                              max_new_tokens: int, temperature: float, stop_ids: Sequence[int],
-                             mask_id: int, generators: Sequence | None = None,
+                             mask_id: int, generator: rng.Generators | None = None,
                              block_size: int | None = None,
                              vocab_size: int | None = None) -> list[list[int]]:
     """Each prompt's response ids, up to and including its first stop token; the rows decode
-    together (see the module docstring), row ``b`` drawing only from ``generators[b]``.
+    together (see the module docstring); with a list of generators row ``b`` draws only from
+    ``generator[b]``, one generator is shared by the rows.
 
     ``block_size`` (default the drafter's) caps the block verified per forward at
     ``block_size - 1`` drafts; ``vocab_size`` cuts the logits to the tokenizer's vocabulary.
@@ -185,9 +188,10 @@ def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]],
     if not prompts or any(not p for p in prompts):
         raise ValueError("every prompt must hold at least one token")
     batch = len(prompts)
-    generators = list(generators) if generators is not None else [None] * batch
-    if len(generators) != batch:
-        raise ValueError(f"{len(generators)} generators for {batch} prompts")
+    if generator is not None:
+        rng.check_generator(generator, batch)
+    generators = [None if generator is None else rng.for_row(generator, b)
+                  for b in range(batch)]
     device = next(pair.parameters()).device
     stops = set(stop_ids)
 
@@ -222,10 +226,9 @@ def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]],
         drafts = torch.zeros(batch, k, dtype=torch.long, device=device)
         draft_logits = None
         if k > 0:
-            draft_logits = cut(pair.draft_step(
-                anchors, position, context, context_positions,
-                torch.cat([draft_valid, context_valid], 1), draft_cache, mask_id, rows)[:, :k])
-            draft_valid = torch.cat([draft_valid, context_valid], 1)
+            draft_valid = torch.cat([draft_valid, context_valid], 1)  # cached once drafted
+            draft_logits = cut(pair.draft_step(anchors, position, context, context_positions,
+                                               draft_valid, draft_cache, mask_id, rows)[:, :k])
             for b in range(batch):
                 if ks[b]:
                     drafts[b, :ks[b]] = _draw(draft_logits[b, :ks[b]], temperature,
@@ -268,12 +271,10 @@ def decode_dflash(runner, encoded, cfg, *, stop_ids, generator, mask_id, pad_id)
     if not isinstance(pair, DFlashPair):
         raise ValueError("the dflash sampler needs a target and a drafter: pass the target with "
                          "--model and the drafter with --draft (or --model a drafter export)")
-    generators = (list(generator) if isinstance(generator, (list, tuple))
-                  else [generator] * len(encoded))
     calls, rows = pair.stats["target_calls"], pair.stats["target_forwards"]
     out = speculative_decode_batch(pair, encoded, max_new_tokens=cfg.max_new_tokens,
                                    temperature=cfg.temperature, stop_ids=stop_ids,
-                                   mask_id=mask_id, generators=generators,
+                                   mask_id=mask_id, generator=generator,
                                    block_size=cfg.block_size, vocab_size=runner.vocab_size)
     runner.forwards += pair.stats["target_calls"] - calls
     runner.row_forwards += pair.stats["target_forwards"] - rows
