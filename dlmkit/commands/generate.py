@@ -14,7 +14,7 @@ SAMPLER_FLAGS = {
     "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
     "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
     "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float,
+    "confidence_threshold": float, "pad_to": int,
 }
 
 
@@ -40,9 +40,15 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                        help="most tokens per response (default: max_new_tokens of the model's "
                             "dlmkit.json, the longest training response rounded up to the "
                             "block; 32 without one)")
+    group.add_argument("--pad-to", type=int,
+                       help="mdlm/scdd: each prompt's canvas fills the sequence to this many "
+                            "tokens, prompt included (default: pad_to of dlmkit.json, the "
+                            "length mdlm/scdd training rows are padded to, unless "
+                            "--max-new-tokens is set; a prompt that long gets max-new-tokens)")
     group.add_argument("--steps", type=int,
                        help="denoising steps for max-new-tokens tokens (default: "
-                            "max-new-tokens, one token per step)")
+                            "max-new-tokens, one token per step; with --pad-to the batch's "
+                            "widest canvas)")
     group.add_argument("--block-size", type=int,
                        help="bd3lm/hybrid: must be the trained block (default: block_size of "
                             "dlmkit.json); idlm: stride (default: the trained block); mdlm: "

@@ -27,6 +27,12 @@ supervised run starts instead of from position 0: ``f = a + ceil((c - a) / block
 block_size`` with ``a`` that start, so the final response is a whole number of blocks (block
 diffusion's canvas blocks start at the response, not at multiples of the block size).
 
+With ``pad_to=T`` (needs ``supervise_padding``) a row's supervised padding ends at ``T`` (or at
+``f``, if that is later) instead of at ``L``; the rest of the row is unsupervised, unattended
+padding. Every row then has the same length, whatever the batch's longest row: a bidirectional
+model with relative positions uses the ends of the sequence as landmarks, so the decoder pads
+each prompt's canvas to the same ``T`` (the samplers' ``pad_to``).
+
 With ``pack=True`` several samples share a row (first fit, in order, each sample block-aligned
 with its own EOS fill so no block straddles two documents); ``doc_ids`` numbers them
 ``0, 1, ...`` within the row and ``position_ids`` restart at 0 for each.
@@ -81,6 +87,8 @@ class Collator:
         pack: put several samples in one row (up to ``max_seq_len``).
         fill_from_response: block-align each sample's last supervised run (its final
             response) rather than the whole sample.
+        pad_to: end each row's supervised padding at this length (requires
+            ``supervise_padding``; not with ``pack``).
 
     Each sample is a mapping with ``input_ids`` (list or 1-D tensor of ints, length ``n``),
     optional ``loss_mask`` (``n`` values in {0, 1}; default all 1) and ``sample_index`` (int,
@@ -116,6 +124,7 @@ class Collator:
         supervise_padding: bool = False,
         pack: bool = False,
         fill_from_response: bool = False,
+        pad_to: int | None = None,
     ) -> None:
         self.pad_token_id = _opt_int("pad_token_id", pad_token_id, 0)
         if self.pad_token_id is None:
@@ -139,6 +148,12 @@ class Collator:
             raise ValueError("pack=True needs max_seq_len (the row length to pack up to)")
         if not isinstance(fill_from_response, bool):
             raise TypeError(f"fill_from_response must be a bool, got {fill_from_response!r}")
+        self.pad_to = _opt_int("pad_to", pad_to, 1)
+        if self.pad_to is not None and not supervise_padding:
+            raise ValueError("pad_to needs supervise_padding=True (it is the length the "
+                             "supervised padding fills rows to)")
+        if self.pad_to is not None and pack:
+            raise ValueError("pad_to cannot be combined with pack=True (one sample per row)")
         self.supervise_padding = supervise_padding
         self.pack = pack
         self.fill_from_response = fill_from_response
@@ -149,7 +164,7 @@ class Collator:
             f"Collator(pad_token_id={self.pad_token_id}, eos_token_id={self.eos_token_id}, "
             f"block_size={self.block_size}, pad_seq_len_divisible={self.pad_seq_len_divisible}, "
             f"max_seq_len={self.max_seq_len}, supervise_padding={self.supervise_padding}, "
-            f"pack={self.pack})"
+            f"pack={self.pack}, pad_to={self.pad_to})"
         )
 
     def _sample(self, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -233,6 +248,9 @@ class Collator:
         if not self.fill_from_response:
             aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
         rows_l, offsets_l, numbers_l = self._place(aligned_list)
+        extent = None
+        if self.pad_to is not None:  # not packed: one sample per row
+            extent = torch.tensor([max(a, self.pad_to) for a in aligned_list])
 
         kept = torch.tensor(kept_list)
         aligned = torch.tensor(aligned_list)
@@ -240,7 +258,8 @@ class Collator:
         number = torch.tensor(numbers_l)
         B, D = int(row.max()) + 1, int(number.max()) + 1
         used = torch.zeros(B, dtype=torch.long).index_add_(0, row, aligned)
-        length = _ceil_to(max(int(used.max()), 1), self.unit)
+        widest = used if extent is None else extent
+        length = _ceil_to(max(int(widest.max()), 1), self.unit)
         if cap is not None:
             length = min(length, cap)
         base = row * length + torch.tensor(offsets_l)
@@ -290,6 +309,11 @@ class Collator:
         docs_per_row = torch.zeros(B, dtype=torch.long).index_add_(0, row, torch.ones_like(row))
         if self.supervise_padding:
             doc_ids = torch.where(tail, (docs_per_row - 1)[:, None], doc_ids)
+        if extent is not None:  # past pad_to: padding nobody sees
+            beyond = cols[None, :] >= extent[:, None]
+            loss_mask, attention_valid = (t.masked_fill(beyond, 0)
+                                          for t in (loss_mask, attention_valid))
+            doc_ids = doc_ids.masked_fill(beyond, -1)
         doc_sample_index = torch.full((B, D), -1, dtype=torch.long)
         doc_sample_index[row, number] = torch.tensor([p[2] for p in parsed])
         cut = torch.tensor([p[0].numel() > k for p, k in zip(parsed, kept_list)], dtype=torch.long)

@@ -115,6 +115,23 @@ class SFTDataset(torch.utils.data.Dataset):
                             self._mask.long().cumsum(0)])
         return totals[self._offsets[1:]] - totals[self._offsets[:-1]]
 
+    @property
+    def longest_responses(self) -> torch.Tensor:
+        """Length of every example's longest supervised run (its longest assistant turn),
+        ``LongTensor [N]`` (0 for an example with nothing supervised)."""
+        on = self._mask.long()
+        n = on.numel()
+        starts_example = torch.zeros(n, dtype=torch.bool)
+        starts_example[self._offsets[:-1][self._offsets[:-1] < n]] = True
+        previous = torch.cat([on.new_zeros(1), on[:-1]])
+        run_start = (on == 1) & ((previous == 0) | starts_example)
+        run_of = run_start.long().cumsum(0) - 1  # run number of every supervised token
+        run_len = torch.bincount(run_of[on == 1], minlength=int(run_start.sum()))
+        example_of_run = torch.bucketize(torch.nonzero(run_start).flatten(),
+                                         self._offsets[1:], right=True)
+        longest = torch.zeros(len(self), dtype=torch.long)
+        return longest.scatter_reduce_(0, example_of_run, run_len, "amax")
+
     def supervised_within(self, cap: int) -> torch.Tensor:
         """Supervised tokens among the first ``cap`` of every example, ``LongTensor [N]``
         (what a length cap of ``cap`` keeps)."""

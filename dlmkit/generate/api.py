@@ -182,12 +182,18 @@ def _strip(tokens: list[int], stop_ids: Sequence[int], mask_id: int) -> tuple[li
     return tokens, len(tokens)
 
 
+def _own_canvases(out: torch.Tensor, encoded, cfg) -> list[list[int]]:
+    """Each row's own canvas (with ``pad_to`` the canvases differ in width)."""
+    widths = cfg.canvas_widths([len(p) for p in encoded])
+    return [row[:w] for row, w in zip(out.tolist(), widths)]
+
+
 def _decode_mdlm(runner, encoded, cfg, **kw):
-    return sample_masked(runner, encoded, cfg, **kw).tolist()
+    return _own_canvases(sample_masked(runner, encoded, cfg, **kw), encoded, cfg)
 
 
 def _decode_scdd(runner, encoded, cfg, *, stop_ids, **kw):
-    return sample_scdd(runner, encoded, cfg, **kw).tolist()
+    return _own_canvases(sample_scdd(runner, encoded, cfg, **kw), encoded, cfg)
 
 
 def _decode_blocks(runner, encoded, cfg, **kw):

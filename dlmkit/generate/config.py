@@ -23,10 +23,10 @@ _COMMON = {"max_new_tokens", "temperature", "seed"}
 _DIFFUSION = _COMMON | {"steps", "block_size", "remasking", "threshold", "factor", "cache"}
 # Options each sampler accepts (besides ``sampler``).
 OPTIONS: dict[str, frozenset[str]] = {
-    "mdlm": frozenset(_DIFFUSION),
+    "mdlm": frozenset(_DIFFUSION | {"pad_to"}),
     "bd3lm": frozenset(_DIFFUSION),
     "hybrid": frozenset(_DIFFUSION | {"mode"}),
-    "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak"}),
+    "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak", "pad_to"}),
     "idlm": frozenset(_COMMON | {"block_size"}),
     "ar": frozenset(_COMMON),
     # DiffusionGemma canvases: commit rules, temperature schedule, adaptive stopping
@@ -51,6 +51,11 @@ class SamplerConfig:
     Attributes:
         sampler: one of :data:`SAMPLERS`.
         max_new_tokens: most tokens generated per prompt (> 0).
+        pad_to: mdlm/scdd: each prompt's canvas fills the sequence to this total length (prompt
+            + canvas), as the fixed-length families are trained (read from ``dlmkit.json``
+            unless ``max_new_tokens`` or ``pad_to`` is given); a prompt of ``pad_to`` tokens or
+            more gets ``max_new_tokens``. ``steps`` and ``block_size`` then default to the
+            batch's canvas width (:meth:`for_width`).
         steps: denoising steps for ``max_new_tokens`` tokens (default ``max_new_tokens``).
         block_size: mdlm: semi-autoregressive block (default ``max_new_tokens``, must divide
             it); bd3lm/hybrid: the trained block size (required); idlm: the stride, tokens
@@ -100,6 +105,7 @@ class SamplerConfig:
     t_max: float | None = None
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
+    pad_to: int | None = None
 
     @classmethod
     def from_options(cls, sampler: str, **options) -> SamplerConfig:
@@ -127,9 +133,13 @@ class SamplerConfig:
             raise ValueError(f"{user} does not use option(s) {unused}; it accepts "
                              f"{sorted(accepts)}")
         _int("max_new_tokens", self.max_new_tokens, 1)
+        if self.pad_to is not None:
+            _int("pad_to", self.pad_to, 1)
         steps = self.steps
         if "steps" in accepts:
-            steps = self.max_new_tokens if steps is None else _int("steps", steps, 1)
+            # With pad_to the canvas width is the batch's: the default waits for for_width.
+            default = None if self.pad_to is not None else self.max_new_tokens
+            steps = default if steps is None else _int("steps", steps, 1)
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not self.temperature >= 0 or math.isinf(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
@@ -160,7 +170,7 @@ class SamplerConfig:
         block = self.block_size
         if block is not None:
             _int("block_size", block, 1)
-        if s == "mdlm":
+        if s == "mdlm" and self.pad_to is None:
             block = self.max_new_tokens if block is None else block
             if self.max_new_tokens % block:
                 valid = [d for d in range(1, self.max_new_tokens + 1)
@@ -181,6 +191,24 @@ class SamplerConfig:
                                  "canvas block; read from the model's dlmkit.json)")
             _check_canvas_options(self)
         return dataclasses.replace(self, steps=steps, block_size=block)
+
+    def canvas_widths(self, prompt_lengths) -> list[int]:
+        """Each prompt's canvas: ``pad_to - length`` tokens with ``pad_to`` (a prompt that long
+        or longer: ``max_new_tokens``), else ``max_new_tokens``."""
+        if self.pad_to is None:
+            return [self.max_new_tokens for _ in prompt_lengths]
+        return [self.pad_to - n if n < self.pad_to else self.max_new_tokens
+                for n in prompt_lengths]
+
+    def for_width(self, width: int) -> SamplerConfig:
+        """The resolved config of one batch whose canvas is ``width`` tokens wide (``pad_to``
+        resolved: rounded up to ``block_size``, the default of ``steps`` and ``block_size``)."""
+        if self.pad_to is None:
+            return self
+        block = self.block_size or width
+        width = -(-width // block) * block
+        return dataclasses.replace(self, pad_to=None, max_new_tokens=width,
+                                   block_size=self.block_size).resolved()
 
     def block_steps(self) -> int:
         """Steps per block for the block samplers."""

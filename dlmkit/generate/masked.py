@@ -79,6 +79,16 @@ def commit_step(x: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
     return chosen
 
 
+def masked_canvas(ids: torch.Tensor, widths: Sequence[int], gen: int, mask_id: int,
+                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([ids | canvas], canvas validity)``: ``gen`` columns after the prompts, the first
+    ``widths[row]`` of each row MASK (valid), the rest padding (not attended)."""
+    columns = torch.arange(gen, device=ids.device)
+    inside = columns[None, :] < torch.as_tensor(list(widths), device=ids.device)[:, None]
+    canvas = torch.where(inside, mask_id, pad_id).to(ids.dtype)
+    return torch.cat([ids, canvas], 1), inside.long()
+
+
 class _Canvas:
     """Canvas, validity, positions and the (static) bidirectional mask of a masked sampler."""
 
@@ -153,13 +163,16 @@ def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int
 def sample_masked(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
                   mask_id: int, pad_id: int, stop_ids: Sequence[int],
                   generator: Generators) -> torch.Tensor:
-    """Generated tokens ``[B, max_new_tokens]`` (stop and fill still in place)."""
+    """Generated tokens ``[B, W]`` (stop and fill still in place; ``W`` = ``max_new_tokens``,
+    or with ``pad_to`` the widest canvas; a row's columns past its own canvas are padding)."""
     device = runner.device
     ids, valid = left_pad(prompts, pad_id, device)
     batch, width = ids.shape
+    widths = cfg.canvas_widths([len(p) for p in prompts])
+    cfg = cfg.for_width(max(widths))
     gen = cfg.max_new_tokens
-    x = torch.cat([ids, torch.full((batch, gen), mask_id, device=device)], 1)
-    canvas = _Canvas(x, torch.cat([valid, torch.ones_like(x[:, width:])], 1))
+    x, canvas_valid = masked_canvas(ids, widths, gen, mask_id, pad_id)
+    canvas = _Canvas(x, torch.cat([valid, canvas_valid], 1))
     active = torch.ones(batch, dtype=torch.bool, device=device)
 
     def update_active():

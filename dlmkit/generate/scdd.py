@@ -29,6 +29,7 @@ from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
 from dlmkit.masks.bidirectional import bidirectional
 
 from .config import SamplerConfig
+from .masked import masked_canvas
 from .primitives import gumbel
 from .runner import Runner, left_pad, positions
 
@@ -68,16 +69,18 @@ def step_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_id: 
 
 def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
                 mask_id: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
-    """Generated tokens ``[B, max_new_tokens]`` (stop and fill still in place)."""
+    """Generated tokens ``[B, W]`` (as :func:`~dlmkit.generate.masked.sample_masked`'s)."""
     schedule = {"max_ratio": cfg.max_ratio, "gamma_shape": cfg.gamma_shape,
                 "t_peak": cfg.t_peak}
     check_scdd_params(**schedule)
     device = runner.device
     ids, valid = left_pad(prompts, pad_id, device)
-    batch, width = ids.shape
-    gen = cfg.max_new_tokens
-    x = torch.cat([ids, torch.full((batch, gen), mask_id, device=device)], 1)
-    valid = torch.cat([valid, torch.ones((batch, gen), dtype=valid.dtype, device=device)], 1)
+    width = ids.shape[1]
+    widths = cfg.canvas_widths([len(p) for p in prompts])
+    cfg = cfg.for_width(max(widths))
+    x, inside = masked_canvas(ids, widths, cfg.max_new_tokens, mask_id, pad_id)
+    valid = torch.cat([valid, inside], 1)
+    inside = inside.bool()
     pos = positions(valid)
     mask = bidirectional(x.shape[1], valid, device=device)
     grid = torch.linspace(1.0, 0.0, cfg.steps + 1, dtype=torch.float64).tolist()
@@ -88,7 +91,7 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
         logw = torch.where(weights > 0, weights.log(), float("-inf"))
         drawn = (logw + gumbel(logw.shape, generator, device)).argmax(-1)
         # A position whose weights are all zero (numerically impossible move) keeps its token.
-        x[:, width:] = torch.where(total.squeeze(-1) > 0, drawn, x[:, width:])
+        x[:, width:] = torch.where((total.squeeze(-1) > 0) & inside, drawn, x[:, width:])
     logits = runner(x, mask, pos)[:, width:].clone()
     logits[..., mask_id] = float("-inf")
-    return logits.argmax(-1)
+    return torch.where(inside, logits.argmax(-1), pad_id)

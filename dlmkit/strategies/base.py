@@ -48,6 +48,11 @@ class Strategy:
     # ``data.supervise_padding: null`` takes this: the one-stream masked families decode on a
     # canvas longer than most answers, so they must learn to fill its tail with padding.
     supervise_padding: bool = False
+    # With supervised padding, pad every row to the longest training example (Collator
+    # ``pad_to``) and decode each prompt on a canvas that ends there (the sampler's ``pad_to``,
+    # from dlmkit.json): a bidirectional model with relative positions uses the ends of the
+    # sequence as landmarks, so they must not move with the batch's longest row.
+    fixed_length: bool = False
     # The generate sampler that decodes this family's export (``dlmkit generate`` default).
     sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).

@@ -17,9 +17,19 @@ class MDLMStrategy(Strategy):
     # t_min clipped as in bd3lm (bounded 1/p weights).
     options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified"}
     supervise_padding = True  # (inherited by SCDD)
+    # Rows padded to one length in training and decoding (inherited by SCDD; README, suite).
+    fixed_length = True
     # One bidirectional canvas learns slower than the block-causal families (inherited by
     # SCDD): tests/suite `lookup`, 1200 steps 9.0% exact match, 3000 steps 75.0%.
     default_steps = 3000
+
+    @classmethod
+    def sampler_defaults(cls, meta, options):
+        """The trained row length (``pad_to``), unless the user sets the canvas."""
+        defaults = super().sampler_defaults(meta, options)
+        if meta.get("pad_to") and not {"pad_to", "max_new_tokens"} & set(options):
+            defaults["pad_to"] = int(meta["pad_to"])
+        return defaults
 
     def validate(self) -> None:
         self._noise_range_options()

@@ -22,7 +22,8 @@ class SCDDStrategy(MDLMStrategy):
     def sampler_defaults(cls, meta, options):
         # The reverse process must run on the schedule the model was trained with.
         trained = meta.get("options") or {}
-        return {k: trained[k] for k in SCHEDULE_OPTIONS if k in trained}
+        return {**super().sampler_defaults(meta, options),
+                **{k: trained[k] for k in SCHEDULE_OPTIONS if k in trained}}
 
     def validate(self) -> None:
         c = self.config

@@ -60,19 +60,42 @@ def build_datasets(config: dict, tokenizer):
     return train, val
 
 
-def build_collator(config: dict, tokenizer, strategy) -> Collator:
+def build_collator(config: dict, tokenizer, strategy, pad_to: int | None = None) -> Collator:
+    """The collator of this run; ``pad_to``: :func:`trained_row_length`."""
     d = config["data"]
     block = strategy.config.get("block_size") if d["block_align"] else None
     if d["pack"] and not strategy.supports_packing:
         packing = [n for n in strategies.names() if strategies.get(n).supports_packing]
         raise ConfigError(f"data.pack is not supported by strategy {strategy.name!r}; "
                           f"use one of {packing}")
-    supervise_padding = strategy.supervise_padding if d["supervise_padding"] is None \
-        else d["supervise_padding"]
+    supervise_padding = supervises_padding(config, strategy)
     return Collator(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                     block_size=block, pad_seq_len_divisible=d["pad_seq_len_divisible"],
                     max_seq_len=d["max_seq_len"], supervise_padding=supervise_padding,
-                    pack=d["pack"], fill_from_response=strategy.fill_from_response)
+                    pack=d["pack"], fill_from_response=strategy.fill_from_response,
+                    pad_to=pad_to)
+
+
+def supervises_padding(config: dict, strategy) -> bool:
+    d = config["data"]
+    return strategy.supervise_padding if d["supervise_padding"] is None \
+        else d["supervise_padding"]
+
+
+def trained_row_length(config: dict, strategy, train_set) -> int | None:
+    """The length every training row is padded to (the longest training example) for the
+    ``fixed_length`` families whose padding is supervised, else None. The export records it
+    (``dlmkit.json`` ``pad_to``) so that the sampler pads each prompt's canvas to it."""
+    if not (strategy.fixed_length and supervises_padding(config, strategy)):
+        return None
+    return int(train_set.lengths.max())
+
+
+def response_canvas(train_set, strategy) -> int:
+    """The longest response (one assistant turn) of the training set, rounded up to the
+    strategy's block: the decoders' default ``max_new_tokens``."""
+    return _round_up(int(train_set.longest_responses.max()),
+                     strategy.config.get("block_size") or 1)
 
 
 def sampler_micro_batch(config: dict, world: World) -> int:
@@ -245,9 +268,9 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     tokenizer) + dlmkit.json (with ``meta`` added).
 
     ``dlmkit.json`` records the strategy and its options (the samplers' defaults) and
-    ``max_new_tokens``: the longest response seen in training, rounded up to the strategy's
-    block, the default generation length (a masked-diffusion model decodes best on a canvas
-    of the lengths it was trained on).
+    ``max_new_tokens``: the longest response (one assistant turn) seen in training, rounded up
+    to the strategy's block (:func:`response_canvas`), the default generation length, and
+    ``pad_to`` (:func:`trained_row_length`; null unless the family trains fixed-length rows).
     """
     final = run_dir / name
     if world.distributed:
@@ -278,8 +301,8 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "mask_token_id": tokenizer.mask_token_id,
             "options": strategy.config,
             "max_seq_len": config["data"]["max_seq_len"],
-            "max_new_tokens": _round_up(int(train_set.supervised_lengths.max()),
-                                        strategy.config.get("block_size") or 1),
+            "max_new_tokens": response_canvas(train_set, strategy),
+            "pad_to": trained_row_length(config, strategy, train_set),
             **strategy.export_meta(),
             **(meta or {}),
         }, indent=1))
@@ -387,6 +410,10 @@ def build_components(config: dict, world: World) -> Components:
     collator = build_collator(config, tokenizer, strategy)
     train_set, val_set, cap_reports = apply_length_cap_policy(
         *build_datasets(config, tokenizer), collator.max_seq_len, config)
+    # Rebuilt with the row length now that the training set is known (the first one only had
+    # to give the length cap).
+    collator = build_collator(config, tokenizer, strategy,
+                              trained_row_length(config, strategy, train_set))
     sampler = build_sampler(config, world, len(train_set))
     budget_report = resolve_budget(config, len(train_set), strategy)
 

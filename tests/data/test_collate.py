@@ -429,3 +429,40 @@ def test_fill_from_response_keeps_whole_response_blocks_under_the_cap():
     assert batch["input_ids"][0, :21].tolist() == list(range(2, 23))
     assert batch["input_ids"][1, 18:21].tolist() == [1, 1, 1]
     assert batch["loss_mask"].sum(1).tolist() == [16, 16]
+
+
+# --------------------------------------------------------------------------------- pad_to
+
+
+def test_pad_to_gives_every_row_the_same_length_whatever_the_batch():
+    """Every row's supervised padding ends at ``pad_to`` however long the batch's longest row:
+    what follows is padding nobody attends or scores (a longer row keeps its own length)."""
+    collate = Collator(pad_token_id=PAD, eos_token_id=EOS, supervise_padding=True, pad_to=8)
+    out = collate([
+        {"input_ids": [10, 11, 12, 13, 14], "loss_mask": [0, 0, 0, 1, 1], "sample_index": 0},
+        {"input_ids": list(range(10, 20)), "loss_mask": [0] * 6 + [1] * 4, "sample_index": 1},
+        {"input_ids": [10, 11, 12], "loss_mask": [0, 1, 1], "sample_index": 2},
+    ])
+    assert out["input_ids"].shape == (3, 10)  # row 1 is longer than pad_to
+    assert out["loss_mask"].tolist() == [
+        [0, 0, 0, 1, 1, 1, 1, 1, 0, 0],
+        [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 1, 1, 1, 0, 0],
+    ]
+    assert out["attention_valid"].tolist() == [[1] * 8 + [0] * 2, [1] * 10, [1] * 8 + [0] * 2]
+    assert out["doc_ids"].tolist() == [[0] * 8 + [-1] * 2, [0] * 10, [0] * 8 + [-1] * 2]
+    assert out["input_ids"][0].tolist() == [10, 11, 12, 13, 14] + [PAD] * 5
+    assert out["position_ids"][0].tolist() == list(range(10))
+    # the same rows in a batch of their own: identical up to pad_to
+    alone = collate([{"input_ids": [10, 11, 12], "loss_mask": [0, 1, 1], "sample_index": 2}])
+    assert alone["input_ids"].shape == (1, 8)
+    assert alone["loss_mask"][0].tolist() == out["loss_mask"][2, :8].tolist()
+
+
+def test_pad_to_needs_supervised_padding_and_no_packing():
+    with pytest.raises(ValueError, match="pad_to needs supervise_padding"):
+        Collator(pad_token_id=PAD, pad_to=4)
+    with pytest.raises(ValueError, match="pad_to cannot be combined with pack"):
+        Collator(pad_token_id=PAD, supervise_padding=True, pad_to=4, pack=True, max_seq_len=16)
+    with pytest.raises(ValueError, match="pad_to must be None or an int >= 1"):
+        Collator(pad_token_id=PAD, supervise_padding=True, pad_to=0)

@@ -65,3 +65,19 @@ def test_supervised_lengths_count_each_examples_response():
     # the response bytes plus the end-of-turn marker are supervised
     assert ds.supervised_lengths.tolist() == [4, 2]
     assert int(ds.supervised_lengths.sum()) == ds.num_supervised_tokens
+
+
+def test_longest_responses_are_each_examples_longest_assistant_turn():
+    from dlmkit.data import ByteTokenizer
+
+    tok = ByteTokenizer()
+    ds = SFTDataset([
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "xyz"},
+                      {"role": "user", "content": "b"}, {"role": "assistant", "content": "q"}]},
+        {"prompt": "bb", "response": "qrstu"},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
+                      {"role": "user", "content": "b"}, {"role": "assistant", "content": "qr"}]},
+    ], tok)
+    # bytes + the end-of-turn marker of the longest turn (the sums would be 6, 6, 5)
+    assert ds.longest_responses.tolist() == [4, 6, 3]
+    assert ds.supervised_lengths.tolist() == [6, 6, 5]

@@ -223,3 +223,48 @@ def test_mdlm_dual_cache_differs_from_uncached_only_by_the_approximation():
     assert torch.allclose(full[0]["logits"], plain.calls[0]["logits"], atol=1e-5)
     block = [c for c in rec.calls if c["ids"].shape[1] == 4]
     assert block and all(c["cached"] for c in block)
+
+
+# ------------------------------------------------------------------------------- pad_to
+
+
+@pytest.mark.parametrize(("sampler", "options"), [
+    ("mdlm", {}), ("mdlm", dict(block_size=4)), ("mdlm", dict(cache="prefix")),
+    ("scdd", {}),
+])
+def test_pad_to_fills_every_row_to_the_trained_length(sampler, options):
+    """Each prompt's canvas ends at ``pad_to`` (prompt + canvas = pad_to real tokens), as the
+    fixed-length families' training rows do; the batch decodes each row as it would alone
+    (mdlm; scdd's ancestral draws depend on the batch's shape)."""
+    rec = Recorder(tiny_model())
+    texts = ["rev abc", "x", "a longer prompt here"]
+    pad_to = 30
+    result = run(rec, sampler, texts, pad_to=pad_to, max_new_tokens=5, **options)
+    prompts = prompt_ids(*texts)
+    first = rec.calls[0]["ids"]  # the first call runs the whole canvas, still all MASK
+    real = (first != TOK.pad_token_id).sum(1).tolist()
+    assert real == [pad_to] * 3  # prompt + canvas, every row
+    widths = [pad_to - len(p) for p in prompts]
+    assert first.shape[1] == max(map(len, prompts)) + max(widths) + (
+        -max(widths) % options.get("block_size", 1))
+    assert [int((row == MASK).sum()) for row in first] == widths
+    for row, text in enumerate(texts):
+        assert MASK not in result.tokens[row] and len(result.tokens[row]) <= widths[row]
+        if sampler == "mdlm":
+            alone = run(tiny_model(), sampler, [text], pad_to=pad_to, max_new_tokens=5,
+                        **options)
+            assert alone.tokens[0] == result.tokens[row]
+
+
+def test_pad_to_gives_a_prompt_that_long_max_new_tokens():
+    config = SamplerConfig.from_options("mdlm", pad_to=10, max_new_tokens=4)
+    assert config.canvas_widths([3, 9, 10, 25]) == [7, 1, 4, 4]
+    assert config.steps is None and config.block_size is None  # the batch's width decides
+    batch = config.for_width(7)
+    assert (batch.max_new_tokens, batch.steps, batch.block_size, batch.pad_to) == (7, 7, 7, None)
+    blocks = SamplerConfig.from_options("mdlm", pad_to=10, block_size=4, steps=2).for_width(7)
+    assert (blocks.max_new_tokens, blocks.steps, blocks.block_size) == (8, 2, 4)
+    with pytest.raises(ValueError, match="pad_to must be an int >= 1"):
+        SamplerConfig.from_options("mdlm", pad_to=0)
+    with pytest.raises(ValueError, match="does not use option.*pad_to"):
+        SamplerConfig.from_options("bd3lm", pad_to=10, block_size=4)

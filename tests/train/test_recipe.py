@@ -102,6 +102,33 @@ def test_export_loads_with_transformers(tmp_path):
     assert torch.isfinite(model(input_ids=ids).logits).all()
 
 
+def test_fixed_length_families_train_and_decode_rows_of_one_length(tmp_path):
+    """mdlm pads every training row (supervised) to the longest training example, whatever
+    the batch; the export records it as ``pad_to`` and the sampler uses it unless the user
+    sets the canvas. A block family records none."""
+    from dlmkit.generate import generate, load
+
+    from ..generate.helpers import prompt_ids
+
+    c = build_components(config(strategy="mdlm"), CPU)
+    longest = int(c.train_set.lengths.max())
+    for indices in ([0, 1], [2], list(range(8))):
+        batch = c.collator([c.train_set[i] for i in indices])
+        assert batch["attention_valid"].sum(1).tolist() == [longest] * len(indices)
+        assert batch["loss_mask"][:, longest:].sum() == 0
+    run_dir = tmp_path / "run"
+    main(cli_args(run_dir, "train.steps=2", strategy="mdlm"))
+    loaded = load(run_dir / "final")
+    assert loaded.meta["pad_to"] == longest
+    assert loaded.config().pad_to == longest
+    assert loaded.config(max_new_tokens=6).pad_to is None  # the user's canvas wins
+    assert loaded.config(pad_to=40).pad_to == 40
+    result = generate(loaded.model, loaded.tokenizer, ["rev abc"], loaded.config())
+    assert len(result.tokens[0]) <= longest - len(prompt_ids("rev abc")[0])
+    main(cli_args(tmp_path / "bd3lm", "train.steps=2", strategy="bd3lm"))
+    assert load(tmp_path / "bd3lm" / "final").meta["pad_to"] is None
+
+
 def test_bf16_autocast_trains_and_stays_close_to_fp32():
     """``train.autocast=bf16`` (the CUDA default) runs on CPU too: finite loss, and the first
     step's loss within bf16 rounding of the fp32 one."""
