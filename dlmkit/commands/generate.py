@@ -213,6 +213,9 @@ def run(args) -> int:
     prompts = args.prompt if args.prompt is not None else read_prompts(args.file)
     if args.infill is not None and not all(isinstance(p, str) for p in prompts):
         raise SystemExit("error: --infill takes text prompts, not 'messages' conversations")
+    if args.infill is not None and args.pad_to is not None:
+        raise SystemExit("error: --pad-to sets the length of a generated canvas; --infill fills "
+                         "the masks of the given template at its own length (drop one)")
     loaded, config = load_and_configure(args)
     results: list[GenerationResult] = []
     for at in range(0, len(prompts), args.batch_size):

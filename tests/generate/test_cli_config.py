@@ -69,6 +69,10 @@ def test_generate_file_infill_and_eval(model_dir, capsys, tmp_path):
     (["--sampler", "bd3lm", "--block-size", "4", "--cache", "dual"],
      "cache must be one of ('none', 'prefix') for the bd3lm sampler, got 'dual'"),
     (["--block-size", "3"], "(valid: [1, 2, 4, 8])"),
+    (["--pad-to", "0"], "pad_to must be an int >= 1"),
+    (["--sampler", "bd3lm", "--block-size", "4", "--pad-to", "30"],
+     "does not use option(s) ['pad_to']"),
+    (["--pad-to", "30", "--infill", "c[MASK]a"], "--pad-to sets the length of a generated"),
 ])
 def test_bad_sampler_options(model_dir, capsys, args, message):
     path = model_dir("mdlm")
