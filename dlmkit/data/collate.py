@@ -248,12 +248,11 @@ class Collator:
         if not self.fill_from_response:
             aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
         rows_l, offsets_l, numbers_l = self._place(aligned_list)
-        extent = None
-        if self.pad_to is not None:  # not packed: one sample per row
-            extent = torch.tensor([max(a, self.pad_to) for a in aligned_list])
 
         kept = torch.tensor(kept_list)
         aligned = torch.tensor(aligned_list)
+        # Where each row's padding ends with pad_to (not packed: one sample per row).
+        extent = None if self.pad_to is None else aligned.clamp_min(self.pad_to)
         row = torch.tensor(rows_l)
         number = torch.tensor(numbers_l)
         B, D = int(row.max()) + 1, int(number.max()) + 1

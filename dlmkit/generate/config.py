@@ -207,8 +207,7 @@ class SamplerConfig:
             return self
         block = self.block_size or width
         width = -(-width // block) * block
-        return dataclasses.replace(self, pad_to=None, max_new_tokens=width,
-                                   block_size=self.block_size).resolved()
+        return dataclasses.replace(self, pad_to=None, max_new_tokens=width).resolved()
 
     def block_steps(self) -> int:
         """Steps per block for the block samplers."""

@@ -79,14 +79,18 @@ def commit_step(x: torch.Tensor, logits: torch.Tensor, candidates: torch.Tensor,
     return chosen
 
 
-def masked_canvas(ids: torch.Tensor, widths: Sequence[int], gen: int, mask_id: int,
-                  pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([ids | canvas], canvas validity)``: ``gen`` columns after the prompts, the first
-    ``widths[row]`` of each row MASK (valid), the rest padding (not attended)."""
-    columns = torch.arange(gen, device=ids.device)
-    inside = columns[None, :] < torch.as_tensor(list(widths), device=ids.device)[:, None]
+def masked_canvas(ids: torch.Tensor, prompts: Sequence[Sequence[int]], cfg: SamplerConfig,
+                  mask_id: int, pad_id: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, SamplerConfig]:
+    """``([ids | canvas], canvas validity, the batch's config)`` for the left-padded prompts
+    ``ids``: each row's first ``cfg.canvas_widths`` columns after the prompts are MASK (valid),
+    the rest of the batch's canvas (:meth:`SamplerConfig.for_width`) padding, not attended."""
+    widths = cfg.canvas_widths([len(p) for p in prompts])
+    cfg = cfg.for_width(max(widths))
+    columns = torch.arange(cfg.max_new_tokens, device=ids.device)
+    inside = columns[None, :] < torch.as_tensor(widths, device=ids.device)[:, None]
     canvas = torch.where(inside, mask_id, pad_id).to(ids.dtype)
-    return torch.cat([ids, canvas], 1), inside.long()
+    return torch.cat([ids, canvas], 1), inside.long(), cfg
 
 
 class _Canvas:
@@ -168,10 +172,8 @@ def sample_masked(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
     device = runner.device
     ids, valid = left_pad(prompts, pad_id, device)
     batch, width = ids.shape
-    widths = cfg.canvas_widths([len(p) for p in prompts])
-    cfg = cfg.for_width(max(widths))
+    x, canvas_valid, cfg = masked_canvas(ids, prompts, cfg, mask_id, pad_id)
     gen = cfg.max_new_tokens
-    x, canvas_valid = masked_canvas(ids, widths, gen, mask_id, pad_id)
     canvas = _Canvas(x, torch.cat([valid, canvas_valid], 1))
     active = torch.ones(batch, dtype=torch.bool, device=device)
 

@@ -76,9 +76,7 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
     device = runner.device
     ids, valid = left_pad(prompts, pad_id, device)
     width = ids.shape[1]
-    widths = cfg.canvas_widths([len(p) for p in prompts])
-    cfg = cfg.for_width(max(widths))
-    x, inside = masked_canvas(ids, widths, cfg.max_new_tokens, mask_id, pad_id)
+    x, inside, cfg = masked_canvas(ids, prompts, cfg, mask_id, pad_id)
     valid = torch.cat([valid, inside], 1)
     inside = inside.bool()
     pos = positions(valid)

@@ -82,13 +82,15 @@ def supervises_padding(config: dict, strategy) -> bool:
         else d["supervise_padding"]
 
 
-def trained_row_length(config: dict, strategy, train_set) -> int | None:
-    """The length every training row is padded to (the longest training example) for the
-    ``fixed_length`` families whose padding is supervised, else None. The export records it
-    (``dlmkit.json`` ``pad_to``) so that the sampler pads each prompt's canvas to it."""
+def trained_row_length(config: dict, strategy, train_set, cap: int | None) -> int | None:
+    """The length every training row is padded to (the longest training example, at most the
+    collator's ``cap``) for the ``fixed_length`` families whose padding is supervised, else
+    None. The export records it (``dlmkit.json`` ``pad_to``) so that the sampler pads each
+    prompt's canvas to it."""
     if not (strategy.fixed_length and supervises_padding(config, strategy)):
         return None
-    return int(train_set.lengths.max())
+    longest = int(train_set.lengths.max())
+    return longest if cap is None else min(longest, cap)
 
 
 def response_canvas(train_set, strategy) -> int:
@@ -263,14 +265,16 @@ def validate(model, strategy, dataset, collator, config, world: World) -> float:
 
 
 def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world: World,
-                 train_set, name: str = "final", meta: dict | None = None) -> Path:
+                 train_set, name: str = "final", meta: dict | None = None,
+                 pad_to: int | None = None) -> Path:
     """``RUN/final`` (or ``RUN/<name>``): a Hugging Face directory (safetensors, config,
     tokenizer) + dlmkit.json (with ``meta`` added).
 
     ``dlmkit.json`` records the strategy and its options (the samplers' defaults) and
     ``max_new_tokens``: the longest response (one assistant turn) seen in training, rounded up
     to the strategy's block (:func:`response_canvas`), the default generation length, and
-    ``pad_to`` (:func:`trained_row_length`; null unless the family trains fixed-length rows).
+    ``pad_to``: the length the collator padded the training rows to (its ``pad_to``,
+    :func:`trained_row_length`; null unless the family trains fixed-length rows).
     """
     final = run_dir / name
     if world.distributed:
@@ -302,7 +306,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             "options": strategy.config,
             "max_seq_len": config["data"]["max_seq_len"],
             "max_new_tokens": response_canvas(train_set, strategy),
-            "pad_to": trained_row_length(config, strategy, train_set),
+            "pad_to": pad_to,
             **strategy.export_meta(),
             **(meta or {}),
         }, indent=1))
@@ -413,7 +417,8 @@ def build_components(config: dict, world: World) -> Components:
     # Rebuilt with the row length now that the training set is known (the first one only had
     # to give the length cap).
     collator = build_collator(config, tokenizer, strategy,
-                              trained_row_length(config, strategy, train_set))
+                              trained_row_length(config, strategy, train_set,
+                                                 collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
     budget_report = resolve_budget(config, len(train_set), strategy)
 
@@ -524,7 +529,7 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
 
     def export(name: str, meta: dict) -> Path:
         return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
-                            name=name, meta=meta)
+                            name=name, meta=meta, pad_to=collator.pad_to)
 
     progress = Progress(enabled=world.is_main, show_steps=t["progress"], total=t["steps"],
                         initial=start, desc=f"train {strategy.name}")

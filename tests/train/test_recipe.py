@@ -125,6 +125,13 @@ def test_fixed_length_families_train_and_decode_rows_of_one_length(tmp_path):
     assert loaded.config(pad_to=40).pad_to == 40
     result = generate(loaded.model, loaded.tokenizer, ["rev abc"], loaded.config())
     assert len(result.tokens[0]) <= longest - len(prompt_ids("rev abc")[0])
+    # a length cap shorter than the longest example: rows (and the export's pad_to) end there
+    cap = longest - 2
+    capped = build_components(config(f"data.max_seq_len={cap}", "data.truncation=truncate",
+                                     strategy="mdlm"), CPU)
+    assert capped.collator.pad_to == cap
+    batch = capped.collator([capped.train_set[i] for i in range(8)])
+    assert batch["attention_valid"].sum(1).tolist() == [cap] * 8
     main(cli_args(tmp_path / "bd3lm", "train.steps=2", strategy="bd3lm"))
     assert load(tmp_path / "bd3lm" / "final").meta["pad_to"] is None
 
