@@ -24,7 +24,10 @@ from .helpers import cli_args, cli_subprocess, env, losses
 @pytest.mark.slow  # a training subprocess interrupted, then resumed: ~20 s on 2 busy cores
 def test_ctrl_c_prints_two_lines_with_the_step_and_the_resume_command(tmp_path):
     run_dir = tmp_path / "run"
-    proc = cli_subprocess(cli_args(run_dir, "train.steps=2000", "train.save_every=2"))
+    # A shell's background job (`make test &`) starts with SIGINT ignored, which the child
+    # would inherit and so never be interrupted: give it the default disposition.
+    proc = cli_subprocess(cli_args(run_dir, "train.steps=2000", "train.save_every=2"),
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pointer = run_dir / "checkpoints" / "latest"
     deadline = time.monotonic() + 120
     while not pointer.is_file() and proc.poll() is None and time.monotonic() < deadline:
