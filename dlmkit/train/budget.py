@@ -7,11 +7,18 @@ and a global batch of ``G``, and the resolved count replaces ``train.steps`` in 
 Otherwise ``train.steps`` decides; with neither set, the strategy's ``default_steps`` (recorded
 the same way). In the config file and ``--set`` the later of the two wins
 (``--set train.epochs=3`` over a file with ``steps: 400``); both in one place is an error.
+
+The learning-rate warmup follows the budget: ``train.warmup_steps: null`` (the default) is
+``WARMUP_FRACTION`` of the resolved steps, recorded the same way. On the suite's ``arith`` task
+(tests/suite, README) ar at lr 3e-3 with 20 warmup steps collapsed its answer queries'
+attention (81.5% exact match at 3000 steps); 300 (10%) gave 92.0% on two seeds.
 """
 
 from __future__ import annotations
 
 import math
+
+WARMUP_FRACTION = 0.1
 
 
 def resolve_budget(config: dict, num_train: int, strategy) -> str | None:
@@ -29,4 +36,22 @@ def resolve_budget(config: dict, num_train: int, strategy) -> str | None:
         t["steps"] = strategy.default_steps
         return (f"train.steps={t['steps']}: the {strategy.name} default (set train.steps or "
                 "train.epochs to change it)")
+    return None
+
+
+def resolve_warmup(config: dict) -> str | None:
+    """Write ``train.warmup_steps`` into ``config`` when unset (``WARMUP_FRACTION`` of the
+    resolved ``train.steps``, rounded). Returns a line saying what was chosen, or a warning
+    when a set warmup is longer than the run (it is kept: a smoke test with ``train.steps=1``
+    over a config file's warmup is legitimate), else None."""
+    t = config["train"]
+    if t["warmup_steps"] is None:
+        t["warmup_steps"] = round(WARMUP_FRACTION * t["steps"])
+        return (f"train.warmup_steps={t['warmup_steps']}: {WARMUP_FRACTION:.0%} of the "
+                f"{t['steps']} steps (set train.warmup_steps to change it)")
+    if t["warmup_steps"] > t["steps"]:
+        peak = t["steps"] / t["warmup_steps"]
+        return (f"warning: train.warmup_steps={t['warmup_steps']} is longer than the run "
+                f"(train.steps={t['steps']}): the learning rate reaches only {peak:.0%} of "
+                f"train.lr={t['lr']:g}")
     return None

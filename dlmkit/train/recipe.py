@@ -33,7 +33,7 @@ from dlmkit.data.slots import doc_slots
 from dlmkit.models import resolve_attention
 
 from .best import BestModel
-from .budget import resolve_budget
+from .budget import resolve_budget, resolve_warmup
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
@@ -374,7 +374,7 @@ class Components:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sampler: GlobalBatchSampler
     cap_reports: tuple = ()  # what ``data.truncation`` cut, per split (see truncation.py)
-    budget_report: str | None = None  # how train.steps was decided, when not set (budget.py)
+    budget_report: tuple = ()  # how train.steps / warmup_steps were decided when unset (budget.py)
 
 
 def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
@@ -400,8 +400,9 @@ def build_components(config: dict, world: World) -> Components:
 
     Every input error surfaces here, before any training step. ``train.lr: null`` and the
     budget (``train.epochs``, or neither it nor ``train.steps`` set) are resolved in ``config``
-    to the strategy's ``default_lr`` and a step count (:func:`.budget.resolve_budget`), so the
-    schedule is complete and the run's config.yaml records them."""
+    to the strategy's ``default_lr``, a step count (:func:`.budget.resolve_budget`) and a
+    warmup (:func:`.budget.resolve_warmup`), so the schedule is complete and the run's
+    config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
@@ -420,7 +421,8 @@ def build_components(config: dict, world: World) -> Components:
                               trained_row_length(config, strategy, train_set,
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
-    budget_report = resolve_budget(config, len(train_set), strategy)
+    budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
+                                            resolve_warmup(config)) if line)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -494,8 +496,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     for report in c.cap_reports:
         if report.cut:
             messages.message(report.line(config["data"]["max_seq_len"]))
-    if c.budget_report:
-        messages.message(c.budget_report)
+    for line in c.budget_report:
+        messages.message(line)
     tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
     train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
     model, optimizer, scheduler = c.model, c.optimizer, c.scheduler

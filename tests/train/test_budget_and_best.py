@@ -118,3 +118,37 @@ def test_a_run_exports_its_lowest_validation_loss_as_final(tmp_path):
     last = load_file(run_dir / "last" / "model.safetensors")
     same = all(torch.equal(final[k], last[k]) for k in final)
     assert same == (selected["step"] == 6)
+
+
+CHANGE_IT = " (set train.warmup_steps to change it)"
+
+
+@pytest.mark.parametrize("extra, steps, warmup, said", [
+    ((), 1200, 120, "train.warmup_steps=120: 10% of the 1200 steps" + CHANGE_IT),
+    (("train.steps=7",), 7, 1, "train.warmup_steps=1: 10% of the 7 steps" + CHANGE_IT),
+    (("train.steps=3000", "train.warmup_steps=20"), 3000, 20, None),
+    (("train.steps=4", "train.warmup_steps=10", "train.lr=1e-3"), 4, 10,
+     "warning: train.warmup_steps=10 is longer than the run (train.steps=4): the learning "
+     "rate reaches only 40% of train.lr=0.001")])
+def test_an_unset_warmup_is_a_tenth_of_the_steps(extra, steps, warmup, said):
+    """``train.warmup_steps: null`` (the default) becomes 10% of the resolved steps and is
+    written into the config; a set value is kept (a warning when it outlasts the run)."""
+    from dlmkit import strategies
+    from dlmkit.train.budget import resolve_budget, resolve_warmup
+
+    cfg = load_config(None, ["strategy.name=bd3lm", "train.lr=3e-3", *extra])
+    assert cfg["train"]["warmup_steps"] == (None if not any("warmup" in e for e in extra)
+                                            else warmup)
+    resolve_budget(cfg, 64, strategies.get("bd3lm"))
+    assert resolve_warmup(cfg) == said
+    assert (cfg["train"]["steps"], cfg["train"]["warmup_steps"]) == (steps, warmup)
+
+
+def test_a_run_records_its_resolved_warmup(tmp_path):
+    cfg = config("train.steps=10", output_dir=tmp_path / "r")
+    cfg["train"]["warmup_steps"] = None  # the default (the helpers set 2)
+    run_dir = run(cfg)
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["train"]
+    assert (saved["steps"], saved["warmup_steps"]) == (10, 1)
+    with pytest.raises(ConfigError, match=r"train.warmup_steps must be an int >= 0 or null"):
+        load_config(None, ["train.warmup_steps=-1"])
