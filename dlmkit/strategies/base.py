@@ -61,6 +61,9 @@ class Strategy:
     # ``train.epochs``) are not set: measured on tests/suite (see the README).
     default_lr: float = 3.0e-3
     default_steps: int = 1200
+    # The warmup used when ``train.warmup_steps`` is not set: None = 10% of the steps
+    # (dlmkit.train.budget.resolve_warmup).
+    default_warmup_steps: int | None = None
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
     # ELBOs), or None when the family cannot answer them.

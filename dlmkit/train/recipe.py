@@ -422,7 +422,7 @@ def build_components(config: dict, world: World) -> Components:
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
     budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
-                                            resolve_warmup(config)) if line)
+                                            resolve_warmup(config, strategy)) if line)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)

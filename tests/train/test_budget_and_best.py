@@ -32,13 +32,13 @@ def test_the_later_of_steps_and_epochs_decides():
 
 
 @pytest.mark.parametrize("name, extra, steps", [
-    ("mdlm", (), 6000), ("scdd", (), 3000), ("idlm", (), 3000),
+    ("mdlm", (), 6000), ("scdd", (), 6000), ("idlm", (), 3000),
     ("block_diffusion", (), 4000), ("ar", (), 3000), ("bd3lm", (), 1200),
     ("dflash", (), 1200),
     ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
-    """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm,
-    3000 for scdd, idlm and ar, 4000 for block_diffusion, see the README); an explicit budget
+    """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm
+    and scdd, 3000 for idlm and ar, 4000 for block_diffusion, see the README); an explicit budget
     wins (1 epoch of 64 records, 8 a step)."""
     from dlmkit import strategies
     from dlmkit.train.budget import resolve_budget
@@ -129,18 +129,25 @@ CHANGE_IT = " (set train.warmup_steps to change it)"
     (("train.steps=3000", "train.warmup_steps=20"), 3000, 20, None),
     (("train.steps=4", "train.warmup_steps=10", "train.lr=1e-3"), 4, 10,
      "warning: train.warmup_steps=10 is longer than the run (train.steps=4): the learning "
-     "rate reaches only 40% of train.lr=0.001")])
+     "rate reaches only 40% of train.lr=0.001"),
+    (("strategy.name=block_diffusion",), 4000, 20,
+     "train.warmup_steps=20: the block_diffusion default" + CHANGE_IT),
+    (("strategy.name=block_diffusion", "train.steps=5"), 5, 5,
+     "train.warmup_steps=5: the block_diffusion default" + CHANGE_IT)])
 def test_an_unset_warmup_is_a_tenth_of_the_steps(extra, steps, warmup, said):
-    """``train.warmup_steps: null`` (the default) becomes 10% of the resolved steps and is
-    written into the config; a set value is kept (a warning when it outlasts the run)."""
+    """``train.warmup_steps: null`` (the default) becomes 10% of the resolved steps (the
+    strategy's ``default_warmup_steps`` where it has one: block_diffusion 20, at most the
+    run) and is written into the config; a set value is kept (a warning when it outlasts the
+    run)."""
     from dlmkit import strategies
     from dlmkit.train.budget import resolve_budget, resolve_warmup
 
     cfg = load_config(None, ["strategy.name=bd3lm", "train.lr=3e-3", *extra])
     assert cfg["train"]["warmup_steps"] == (None if not any("warmup" in e for e in extra)
                                             else warmup)
-    resolve_budget(cfg, 64, strategies.get("bd3lm"))
-    assert resolve_warmup(cfg) == said
+    strategy = strategies.get(cfg["strategy"]["name"])
+    resolve_budget(cfg, 64, strategy)
+    assert resolve_warmup(cfg, strategy) == said
     assert (cfg["train"]["steps"], cfg["train"]["warmup_steps"]) == (steps, warmup)
 
 
