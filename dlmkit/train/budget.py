@@ -50,11 +50,12 @@ def resolve_warmup(config: dict, strategy) -> str | None:
     if t["warmup_steps"] is None:
         if strategy.default_warmup_steps is not None:
             t["warmup_steps"] = min(strategy.default_warmup_steps, t["steps"])
-            return (f"train.warmup_steps={t['warmup_steps']}: the {strategy.name} default "
-                    "(set train.warmup_steps to change it)")
-        t["warmup_steps"] = round(WARMUP_FRACTION * t["steps"])
-        return (f"train.warmup_steps={t['warmup_steps']}: {WARMUP_FRACTION:.0%} of the "
-                f"{t['steps']} steps (set train.warmup_steps to change it)")
+            why = f"the {strategy.name} default"
+        else:
+            t["warmup_steps"] = round(WARMUP_FRACTION * t["steps"])
+            why = f"{WARMUP_FRACTION:.0%} of the {t['steps']} steps"
+        return (f"train.warmup_steps={t['warmup_steps']}: {why} (set train.warmup_steps to "
+                "change it)")
     if t["warmup_steps"] > t["steps"]:
         peak = t["steps"] / t["warmup_steps"]
         return (f"warning: train.warmup_steps={t['warmup_steps']} is longer than the run "

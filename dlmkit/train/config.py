@@ -65,9 +65,10 @@ DEFAULTS: dict = {
         "lr": None,               # None = the strategy's default_lr (3e-3; block_diffusion
                                   # 1e-3), written into the run's config.yaml
         "min_lr_ratio": 0.1,
-        "warmup_steps": None,     # None = 10% of the resolved steps (dlmkit.train.budget:
-                                  # 20 steps collapsed attention at lr 3e-3 on the suite's
-                                  # `arith`); written into config.yaml
+        "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
+                                  # default_warmup_steps (dlmkit.train.budget: 20 steps
+                                  # collapsed attention at lr 3e-3 on the suite's `arith`);
+                                  # written into config.yaml
         "weight_decay": 0.01,
         "betas": [0.9, 0.98],
         "max_grad_norm": 1.0,
