@@ -14,7 +14,7 @@ SAMPLER_FLAGS = {
     "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
     "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
     "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float, "pad_to": int,
+    "confidence_threshold": float, "pad_to": int, "revise": bool,
 }
 
 
@@ -70,6 +70,10 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--gamma-shape", type=float, help="scdd schedule (default: as trained)")
     group.add_argument("--t-peak", type=float, help="scdd schedule (default: as trained)")
+    group.add_argument("--revise", action=argparse.BooleanOptionalAction,
+                       help="scdd: run SCDD's self-correcting reverse process (revise visible "
+                            "tokens, final argmax pass); default: off, committed tokens stay "
+                            "(decodes the suite's tasks better; see the README)")
     group.add_argument("--entropy-bound", type=float,
                        help="block_diffusion: entropy-bound commit rule (transformers' "
                             "DiffusionGemma sampler; default: off, use --remasking)")

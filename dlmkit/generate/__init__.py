@@ -2,9 +2,9 @@
 
 Modules: :mod:`.primitives` (Gumbel sampling, confidence, schedule, threshold selection),
 :mod:`.runner` (model calls, left-padded ragged batches), :mod:`.masked` (MDLM / LLaDA,
-infilling), :mod:`.scdd` (ancestral), :mod:`.block` (BD3-LM, hybrid diffusion mode),
-:mod:`.stream` (KV-cached causal stream, AR decoding), :mod:`.idlm` (introspective strided
-decoding), :mod:`.config` (options), :mod:`.api` (entry points).
+infilling), :mod:`.scdd` (ancestral, optionally self-correcting), :mod:`.block` (BD3-LM,
+hybrid diffusion mode), :mod:`.stream` (KV-cached causal stream, AR decoding), :mod:`.idlm`
+(introspective strided decoding), :mod:`.config` (options), :mod:`.api` (entry points).
 """
 
 from .api import (

@@ -8,7 +8,8 @@
 sampler       family / layout it decodes                       module
 ============  ==============================================  ============================
 ``mdlm``      MDLM / LLaDA, bidirectional, unshifted           :mod:`.masked`
-``scdd``      SCDD, bidirectional, ancestral + final pass      :mod:`.scdd`
+``scdd``      SCDD, bidirectional, ancestral (``revise``:       :mod:`.scdd`
+              SCDD's self-correction and final pass)
 ``bd3lm``     BD3-LM, block diffusion over a clean cache       :mod:`.block`
 ``hybrid``    hybrid AR + diffusion: ``mode=diffusion``        :mod:`.block` / :mod:`.stream`
               (block diffusion) or ``mode=ar`` (clean stream)

@@ -26,7 +26,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     "mdlm": frozenset(_DIFFUSION | {"pad_to"}),
     "bd3lm": frozenset(_DIFFUSION),
     "hybrid": frozenset(_DIFFUSION | {"mode"}),
-    "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak", "pad_to"}),
+    "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak", "pad_to",
+                                 "revise"}),
     "idlm": frozenset(_COMMON | {"block_size"}),
     "ar": frozenset(_COMMON),
     # DiffusionGemma canvases: commit rules, temperature schedule, adaptive stopping
@@ -76,6 +77,11 @@ class SamplerConfig:
         mode: hybrid only, ``diffusion`` (block diffusion) or ``ar`` (the clean causal stream).
         seed: seeds the sampler's own ``torch.Generator``.
         max_ratio, gamma_shape, t_peak: SCDD schedule (must match training).
+        revise: scdd only. ``False`` (the default): masks are released on the trained schedule,
+            each into a draw from the model's ``p``, and a committed token never changes.
+            ``True``: SCDD's full reverse process — visible tokens are revised by the
+            posterior, released ones carry the uniform channel, and a final pass takes the
+            argmax at every position (:mod:`dlmkit.generate.scdd` says why it is off).
         entropy_bound: block_diffusion: commit the lowest-entropy positions whose entropies,
             less their maximum, sum to at most this (transformers' entropy-bound sampler);
             None = the ``remasking``/``threshold`` rule.
@@ -106,6 +112,7 @@ class SamplerConfig:
     stability_threshold: int | None = None
     confidence_threshold: float | None = None
     pad_to: int | None = None
+    revise: bool = False
 
     @classmethod
     def from_options(cls, sampler: str, **options) -> SamplerConfig:
@@ -167,6 +174,8 @@ class SamplerConfig:
         if self.mode not in HYBRID_MODES:
             raise ValueError(f"mode must be one of {HYBRID_MODES}, got {self.mode!r}")
         _int("seed", self.seed, 0)
+        if not isinstance(self.revise, bool):
+            raise ValueError(f"revise must be True or False, got {self.revise!r}")
         block = self.block_size
         if block is not None:
             _int("block_size", block, 1)

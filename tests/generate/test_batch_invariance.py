@@ -22,6 +22,7 @@ CASES = {
     "mdlm_prefix_cache": dict(max_new_tokens=8, block_size=4, cache="prefix"),
     "mdlm_dual_cache": dict(max_new_tokens=8, block_size=4, cache="dual"),
     "scdd": dict(max_new_tokens=6, steps=4),
+    "scdd_revise": dict(max_new_tokens=6, steps=4, revise=True),
     "bd3lm": dict(max_new_tokens=8, block_size=4),
     "bd3lm_cache": dict(max_new_tokens=8, block_size=4, cache="prefix", threshold=0.2),
     "hybrid": dict(max_new_tokens=8, block_size=4),

@@ -31,6 +31,7 @@ def model_dir(tmp_path_factory):
     ("idlm", 2, []),
     ("hybrid", 4, ["--mode", "ar"]),
     ("scdd", None, ["--steps", "2"]),
+    ("scdd", None, ["--revise"]),
 ])
 def test_generate_prints_text_and_speed(model_dir, capsys, strategy, block, extra):
     path = model_dir(strategy, block)
@@ -70,6 +71,7 @@ def test_generate_file_infill_and_eval(model_dir, capsys, tmp_path):
      "cache must be one of ('none', 'prefix') for the bd3lm sampler, got 'dual'"),
     (["--block-size", "3"], "(valid: [1, 2, 4, 8])"),
     (["--pad-to", "0"], "pad_to must be an int >= 1"),
+    (["--revise"], "does not use option(s) ['revise']"),
     (["--sampler", "bd3lm", "--block-size", "4", "--pad-to", "30"],
      "does not use option(s) ['pad_to']"),
     (["--pad-to", "30", "--infill", "c[MASK]a"], "--pad-to sets the length of a generated"),

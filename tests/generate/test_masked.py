@@ -135,14 +135,46 @@ def test_infill_respects_spans():
     assert result.forwards <= 3
 
 
-def test_scdd_no_mask_and_final_pass_denoises_everything():
+def test_scdd_revise_no_mask_and_final_pass_denoises_everything():
     fn = positional_logits(sharp=8.0)
     result = run(Rigged(fn), "scdd", ["hi", "longer prompt"], max_new_tokens=6, steps=4,
-                 temperature=1.0)
+                 temperature=1.0, revise=True)
     assert result.forwards == 5
     for text, p in zip(result.tokens, prompt_ids("hi", "longer prompt")):
         assert text == [97 + q % 20 for q in range(len(p), len(p) + 6)]
-    check_clean(run(tiny_model(), "scdd", max_new_tokens=8, steps=3, temperature=1.0), 8)
+    check_clean(run(tiny_model(), "scdd", max_new_tokens=8, steps=3, temperature=1.0,
+                    revise=True), 8)
+
+
+def _visible_disagrees(ids, pos):
+    """Masked positions predict ``97 + p % 20``; a visible response token predicts ``z + 1``:
+    a model whose predictions at visible positions contradict what it committed."""
+    logits = positional_logits(sharp=8.0)(ids, pos)
+    response = (ids != MASK) & (pos >= 20)  # the tests' prompts are shorter than 20 tokens
+    shifted = torch.zeros_like(logits).scatter_(-1, ((ids + 1) % (V - 1)).unsqueeze(-1), 30.0)
+    return torch.where(response.unsqueeze(-1), shifted, logits)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_scdd_default_commits_once_and_keeps_what_it_committed(temperature):
+    texts = ["hi", "x"]
+    pad = {"max_new_tokens": 24}  # canvas positions 20+ exist for both prompts
+    rec = Rigged(_visible_disagrees)
+    result = run(rec, "scdd", texts, steps=24, temperature=temperature, **pad)
+    width = max(map(len, prompt_ids(*texts)))
+    # Once a canvas position holds a token, every later forward sees the same token.
+    canvases = [ids[:, width:] for ids, _ in rec.calls]
+    for before, after in zip(canvases, canvases[1:]):
+        committed = before != MASK
+        assert torch.equal(after[committed], before[committed])
+    # Greedy: every released token is the masked-time argmax, never a visible-time one.
+    if temperature == 0:
+        for row, p in zip(result.tokens, prompt_ids(*texts)):
+            assert row == [97 + q % 20 for q in range(len(p), len(p) + len(row))]
+    assert result.forwards <= 24  # stops once nothing is masked
+    revised = run(Rigged(_visible_disagrees), "scdd", texts, steps=24,
+                  temperature=temperature, revise=True, **pad)
+    assert revised.tokens != result.tokens  # the final pass follows the visible predictions
 
 
 def test_scdd_step_weights_are_the_posterior():

@@ -81,6 +81,10 @@ def test_commit_rule_options_are_checked():
         SamplerConfig.from_options("mdlm", cache="full")
     with pytest.raises(ValueError, match=r"does not use option\(s\) \['cache'\]"):
         SamplerConfig.from_options("scdd", cache="prefix")
+    with pytest.raises(ValueError, match=r"revise must be True or False, got 'yes'"):
+        SamplerConfig.from_options("scdd", revise="yes")
+    with pytest.raises(ValueError, match=r"does not use option\(s\) \['revise'\]"):
+        SamplerConfig.from_options("mdlm", revise=True)
     with pytest.raises(ValueError, match=r"must divide max_new_tokens=12 .*\[1, 2, 3, 4, 6, 12\]"):
         SamplerConfig.from_options("mdlm", max_new_tokens=12, block_size=5)
 
