@@ -66,7 +66,7 @@ def test_resume_refuses_config_changes_and_lists_them(finished):
               "--set", "train.steps=5"])
     message = str(caught.value)
     assert "differs from the one" in message and "step_0000003" in message
-    assert "  train.lr: 0.003 in the checkpoint, 0.01 now" in message
+    assert "  train.lr: 0.001 in the checkpoint, 0.01 now" in message
     assert "  strategy.name: 'mdlm' in the checkpoint, 'bd3lm' now" in message
     assert "  model.config.hidden_size: 64 in the checkpoint, 32 now" in message
     assert "train.steps" not in message.split("\n", 1)[1].split("Resume without")[0]
@@ -104,7 +104,7 @@ def test_allow_config_change_applies_and_records(finished, tmp_path):
     main(["train", "--output-dir", str(run_dir), "--resume", "--allow-config-change",
           "--set", "train.lr=0.01", "--set", "train.steps=4"])
     change = json.loads((run_dir / "config_changes.jsonl").read_text())
-    assert change["forced"] == {"train.lr": [0.003, 0.01]}
+    assert change["forced"] == {"train.lr": [0.001, 0.01]}
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"] == 0.01
     assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
 
