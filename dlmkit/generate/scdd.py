@@ -58,6 +58,21 @@ def _model_probs(logits: torch.Tensor, mask_id: int, temperature: float) -> torc
     return torch.softmax(logits / temperature, -1)
 
 
+def _from_mask(prior: torch.Tensor, at_t, at_s, mask_id: int) -> torch.Tensor:
+    """Weights of ``z_s`` for ``z_t = MASK`` (a new tensor): released with probability
+    ``(gamma_s - gamma_t) / (1 - gamma_t)`` into ``prior`` (its MASK column ignored), else it
+    stays MASK."""
+    absorbed_t = (1.0 - at_t.gamma).clamp_min(1e-30)
+    release = ((at_s.gamma - at_t.gamma) / absorbed_t).clamp(0.0, 1.0)
+    weights = release * prior
+    weights[..., mask_id] = ((1.0 - at_s.gamma) / absorbed_t).clamp(0.0, 1.0)
+    return weights
+
+
+def _one_hot(z: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(z.clamp(max=vocab - 1), vocab).double()
+
+
 def step_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_id: int,
                  schedule: dict) -> torch.Tensor:
     """Unnormalised ``q(z_s = v | z_t = z, x ~ p)`` ``[B, G, V]`` (float64); see the module."""
@@ -68,15 +83,10 @@ def step_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_id: 
     rho_s = at_s.rho.clamp_min(1e-30)
     prior = (1.0 - at_s.rho) / k + at_s.rho * p  # q(z_s = v | not absorbed), x ~ p
     prior[..., mask_id] = 0.0
-    # MASK now: release with (gamma_s - gamma_t) / (1 - gamma_t), else stay MASK.
-    absorbed_t = (1.0 - at_t.gamma).clamp_min(1e-30)
-    release = ((at_s.gamma - at_t.gamma) / absorbed_t).clamp(0.0, 1.0)
-    from_mask = release * prior
-    from_mask[..., mask_id] = ((1.0 - at_s.gamma) / absorbed_t).clamp(0.0, 1.0)
+    from_mask = _from_mask(prior, at_t, at_s, mask_id)
     # Visible z: it came from v by "keep" (alpha) or "resample uniformly" (1 - alpha).
     alpha = (at_t.rho / rho_s).clamp(0.0, 1.0)
-    keep = torch.nn.functional.one_hot(z.clamp(max=vocab - 1), vocab).double()
-    from_visible = prior * (alpha * keep + (1.0 - alpha) / k)
+    from_visible = prior * (alpha * _one_hot(z, vocab) + (1.0 - alpha) / k)
     from_visible[..., mask_id] = 0.0
     weights = torch.where((z == mask_id).unsqueeze(-1), from_mask, from_visible)
     return weights.clamp_min(0.0)
@@ -86,14 +96,9 @@ def release_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_i
                     schedule: dict) -> torch.Tensor:
     """``revise=False``: a MASK is released with the posterior's probability into a draw from
     ``p`` (no uniform channel); a visible token keeps all the weight. ``[B, G, V]`` float64."""
-    at_t = scdd_schedule(t, **schedule)
-    at_s = scdd_schedule(s, **schedule)
-    absorbed_t = (1.0 - at_t.gamma).clamp_min(1e-30)
-    release = ((at_s.gamma - at_t.gamma) / absorbed_t).clamp(0.0, 1.0)
-    from_mask = release * p
-    from_mask[..., mask_id] = ((1.0 - at_s.gamma) / absorbed_t).clamp(0.0, 1.0)
-    keep = torch.nn.functional.one_hot(z.clamp(max=p.shape[-1] - 1), p.shape[-1]).double()
-    return torch.where((z == mask_id).unsqueeze(-1), from_mask, keep)
+    from_mask = _from_mask(p, scdd_schedule(t, **schedule), scdd_schedule(s, **schedule),
+                           mask_id)
+    return torch.where((z == mask_id).unsqueeze(-1), from_mask, _one_hot(z, p.shape[-1]))
 
 
 def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
@@ -111,11 +116,15 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
     pos = positions(valid)
     mask = bidirectional(x.shape[1], valid, device=device)
     grid = torch.linspace(1.0, 0.0, cfg.steps + 1, dtype=torch.float64).tolist()
+    rule = step_weights if cfg.revise else release_weights
+
+    def masks_left() -> bool:
+        return bool((x[:, width:][inside] == mask_id).any())
+
     for t, s in zip(grid[:-1], grid[1:]):
-        if not cfg.revise and not bool((x[:, width:][inside] == mask_id).any()):
+        if not cfg.revise and not masks_left():
             break  # every mask released: nothing left to change
         p = _model_probs(runner(x, mask, pos)[:, width:], mask_id, cfg.temperature)
-        rule = step_weights if cfg.revise else release_weights
         weights = rule(x[:, width:], p, t, s, mask_id, schedule)
         total = weights.sum(-1, keepdim=True)
         logw = torch.where(weights > 0, weights.log(), float("-inf"))
@@ -123,7 +132,7 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
         # A position whose weights are all zero (numerically impossible move) keeps its token.
         x[:, width:] = torch.where((total.squeeze(-1) > 0) & inside, drawn, x[:, width:])
     if not cfg.revise:
-        if bool((x[:, width:][inside] == mask_id).any()):
+        if masks_left():
             raise RuntimeError("internal error: masks left after the step to t = 0")
         return torch.where(inside, x[:, width:], pad_id)
     logits = runner(x, mask, pos)[:, width:].clone()
