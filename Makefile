@@ -18,7 +18,7 @@ $(BIN)/dlmkit: pyproject.toml
 install: $(BIN)/dlmkit
 
 # The embedded default config with a shorter budget: the bundled task is learned within 400
-# steps; the default 1200 is sized for users' data (README, "Your own data").
+# steps; bd3lm's default 6000 is sized for users' data (README, "Your own data").
 demo: install
 	$(BIN)/dlmkit train --set train.steps=400
 

@@ -51,10 +51,10 @@ DEFAULTS: dict = {
     # learns the answer length from the canvas length (see the README).
     "strategy": {"name": "bd3lm"},
     "train": {
-        # None (and no epochs) = the strategy's default_steps (Strategy: 1200, what the
-        # user-like suite tests/suite needs — 400 learns the bundled task but leaves bd3lm at
-        # 0.5% exact match on `transform`, 1200: 97%; some families set more, see each strategy
-        # and the README's table). Written into config.yaml.
+        # None (and no epochs) = the strategy's default_steps, what the user-like suite
+        # tests/suite needs (the bundled task needs only 400: `make demo`; bd3lm, mdlm and
+        # scdd 6000, idlm, ar and hybrid 3000, block_diffusion 4000, dflash 1200: see each
+        # strategy and the README's table). Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
         "epochs": None,           # passes over the training records; when set it decides the
@@ -62,8 +62,8 @@ DEFAULTS: dict = {
         "global_batch_size": 64,
         "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
                                    # share); accumulation = global / (micro * world)
-        "lr": None,               # None = the strategy's default_lr (3e-3; block_diffusion,
-                                  # hybrid, mdlm and scdd 1e-3), written into config.yaml
+        "lr": None,               # None = the strategy's default_lr (1e-3; idlm, ar and
+                                  # dflash 3e-3), written into config.yaml
         "min_lr_ratio": 0.1,
         "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
                                   # default_warmup_steps (dlmkit.train.budget: 20 steps

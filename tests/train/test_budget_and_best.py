@@ -33,12 +33,12 @@ def test_the_later_of_steps_and_epochs_decides():
 
 @pytest.mark.parametrize("name, extra, steps", [
     ("mdlm", (), 6000), ("scdd", (), 6000), ("idlm", (), 3000),
-    ("block_diffusion", (), 4000), ("ar", (), 3000), ("hybrid", (), 3000), ("bd3lm", (), 1200),
+    ("block_diffusion", (), 4000), ("ar", (), 3000), ("hybrid", (), 3000), ("bd3lm", (), 6000),
     ("dflash", (), 1200),
     ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
-    """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm
-    and scdd, 3000 for idlm, ar and hybrid, 4000 for block_diffusion, see the README); an
+    """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm,
+    scdd and bd3lm, 3000 for idlm, ar and hybrid, 4000 for block_diffusion, see the README); an
     explicit budget wins (1 epoch of 64 records, 8 a step)."""
     from dlmkit import strategies
     from dlmkit.train.budget import resolve_budget
@@ -124,7 +124,7 @@ CHANGE_IT = " (set train.warmup_steps to change it)"
 
 
 @pytest.mark.parametrize("extra, steps, warmup, said", [
-    ((), 1200, 120, "train.warmup_steps=120: 10% of the 1200 steps" + CHANGE_IT),
+    ((), 6000, 600, "train.warmup_steps=600: 10% of the 6000 steps" + CHANGE_IT),
     (("train.steps=7",), 7, 1, "train.warmup_steps=1: 10% of the 7 steps" + CHANGE_IT),
     (("train.steps=3000", "train.warmup_steps=20"), 3000, 20, None),
     (("train.steps=4", "train.warmup_steps=10", "train.lr=1e-3"), 4, 10,

@@ -40,7 +40,8 @@ def test_the_learning_rate_is_the_familys_unless_set():
     assert strategies.get("hybrid").default_lr == 1e-3
     assert strategies.get("mdlm").default_lr == 1e-3
     assert strategies.get("scdd").default_lr == 1e-3
-    assert strategies.get("bd3lm").default_lr == 3e-3
+    assert strategies.get("bd3lm").default_lr == 1e-3
+    assert strategies.get("idlm").default_lr == 3e-3
     for extra, expected in (((), 1e-3), (("train.lr=5e-4",), 5e-4)):
         c = build_components(config(*extra, strategy="block_diffusion"), CPU)
         assert [g["initial_lr"] for g in c.optimizer.param_groups] == [expected, expected]
