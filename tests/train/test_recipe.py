@@ -47,7 +47,6 @@ def test_the_learning_rate_is_the_familys_unless_set():
         assert [g["initial_lr"] for g in c.optimizer.param_groups] == [expected, expected]
 
 
-
 def test_weight_decay_applies_to_matrices_only():
     """AdamW decays weight matrices at train.weight_decay (0.5 unless set: see the README) and
     never norm gains or biases."""
@@ -59,6 +58,7 @@ def test_weight_decay_applies_to_matrices_only():
         assert vectors["params"] and all(p.dim() < 2 for p in vectors["params"])
         names = {id(p): n for n, p in c.model.named_parameters()}
         assert all("norm" in names[id(p)] for p in vectors["params"])
+
 
 def test_loss_falls_over_50_steps(tmp_path):
     run_dir = tmp_path / "run"
