@@ -52,8 +52,8 @@ DEFAULTS: dict = {
     "strategy": {"name": "bd3lm"},
     "train": {
         # None (and no epochs) = the strategy's default_steps, what the user-like suite
-        # tests/suite needs (the bundled task needs only 400: `make demo`; bd3lm, mdlm and
-        # scdd 6000, idlm, ar and hybrid 3000, block_diffusion 4000, dflash 1200: see each
+        # tests/suite needs (the bundled task needs only 400: `make demo`; bd3lm, mdlm, scdd
+        # and idlm 6000, ar and hybrid 3000, block_diffusion 4000, dflash 1200: see each
         # strategy and the README's table). Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
