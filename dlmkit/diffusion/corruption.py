@@ -201,15 +201,21 @@ def corrupt_mix(
 def corrupt_scdd(
     input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int, vocab_size: int, *,
     num_timesteps: int = 1000, max_ratio: float = 0.1, gamma_shape: float = 1.0,
-    t_peak: float = 0.5, generator: rng.Generators,
+    t_peak: float = 0.5, t_min: float = 0.0, stratum: torch.Tensor | None = None,
+    num_strata: int = 1, generator: rng.Generators,
 ) -> Corruption:
     """SCDD forward process at a random grid time, ready for :class:`~.losses.SCDDLoss`.
 
-    Per row, ``t`` is uniform on the grid ``{1/T, 2/T, ..., 1}`` (``T = num_timesteps``, every
-    point with mass exactly ``1/T``), then :func:`corrupt_mix` runs with
-    ``mask_prob = absorbed(t)`` and ``uniform_prob = uniform(t) * (K - 1) / K``, ``K = V - 1``
-    (a uniform draw that lands on the clean token leaves it unchanged, so only that share
-    changes it). **``p_mask`` carries the diffusion time ``t``**, which the SCDD loss needs.
+    Per row, ``t`` is uniform on the grid points ``i/T >= t_min`` of ``{1/T, 2/T, ..., 1}``
+    (``T = num_timesteps``; ``t_min = 0``: all of them, each with mass exactly ``1/T``), then
+    :func:`corrupt_mix` runs with ``mask_prob = absorbed(t)`` and
+    ``uniform_prob = uniform(t) * (K - 1) / K``, ``K = V - 1`` (a uniform draw that lands on
+    the clean token leaves it unchanged, so only that share changes it). **``p_mask`` carries
+    the diffusion time ``t``**, which the SCDD loss needs. ``t_min > 0`` clips the range as
+    :func:`corrupt_uniform`'s ``eps`` does (the loss then sums the bound's steps from
+    ``t_min`` on: the near-clean steps, whose terms swing most, are left out). The row's
+    uniform is stratified over the global batch with ``stratum [B]`` (as in
+    :func:`corrupt_uniform`; :mod:`dlmkit.diffusion.timesteps`); the draws are the same.
     Draws per row: ``t``, then :func:`corrupt_mix`'s.
     """
     _supervised(input_ids, loss_mask)
@@ -217,9 +223,16 @@ def corrupt_scdd(
     num_timesteps = check_positive_int("num_timesteps", num_timesteps, minimum=2)
     check_scdd_params(max_ratio, gamma_shape, t_peak)
     check_scdd_grid(max_ratio, gamma_shape, t_peak, num_timesteps)
+    if isinstance(t_min, bool) or not isinstance(t_min, (int, float)) or not 0 <= t_min < 1:
+        raise ValueError(f"t_min must be a number in [0, 1), got {t_min!r}")
+    num_strata = check_positive_int("num_strata", num_strata)
     batch, length = input_ids.shape
     u = rng.draw_rows(generator, batch, 1, input_ids.device)[:, 0]
-    t = ((u * num_timesteps).floor() + 1.0).clamp(max=num_timesteps) / num_timesteps
+    u = timesteps.stratified(u, stratum, num_strata)
+    # The first grid index at or above t_min (the 1e-9 keeps t_min = i/T itself on the grid).
+    first = max(1, math.ceil(float(t_min) * num_timesteps - 1e-9))
+    points = num_timesteps - first + 1
+    t = ((u * points).floor() + first).clamp(max=num_timesteps) / num_timesteps
     masses = scdd_schedule(t, max_ratio=max_ratio, gamma_shape=gamma_shape, t_peak=t_peak)
     k = vocab_size - 1
     noisy, noise, _ = corrupt_mix(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
+from dlmkit.diffusion.timesteps import check_time_sampling
 
 from .mdlm import MDLMStrategy
 
@@ -16,7 +17,10 @@ class SCDDStrategy(MDLMStrategy):
     sampler = "scdd"
     # The absorbing-process bound with its denoiser (SCDD decodes with its own schedule).
     likelihood = "masked_elbo"
-    options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5}
+    # t_min / time_sampling: as mdlm's (the clipped range and the batch-stratified draw of the
+    # diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid.
+    options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5,
+               "t_min": 0.0, "time_sampling": "iid"}
     # As mdlm (one bidirectional canvas): tests/suite 3000 -> 6000 steps, `lookup` 73.5% ->
     # 99.5%, `chat` 75.0% -> 99.5% (README).
     default_steps = 6000
@@ -34,6 +38,10 @@ class SCDDStrategy(MDLMStrategy):
 
     def validate(self) -> None:
         c = self.config
+        t_min = c["t_min"]
+        if isinstance(t_min, bool) or not isinstance(t_min, (int, float)) or not 0 <= t_min < 1:
+            raise ValueError(f"strategy.t_min must be a number in [0, 1), got {t_min!r}")
+        check_time_sampling(c["time_sampling"])
         self.loss_fn = SCDDLoss(self.mask_token_id, num_timesteps=c["num_timesteps"],
                                 max_ratio=c["max_ratio"], gamma_shape=c["gamma_shape"],
                                 t_peak=c["t_peak"], chunk_size=self.loss_chunk_size,
@@ -41,10 +49,13 @@ class SCDDStrategy(MDLMStrategy):
 
     def prepare(self, batch, generators):
         c = self.config
+        stratum, num = self.time_strata(batch)  # one time per row: its first position's slot
         noisy, noise_mask, t = corrupt_scdd(
             batch["input_ids"], batch["loss_mask"], self.mask_token_id, self.vocab_size,
             num_timesteps=c["num_timesteps"], max_ratio=c["max_ratio"],
-            gamma_shape=c["gamma_shape"], t_peak=c["t_peak"], generator=generators)
+            gamma_shape=c["gamma_shape"], t_peak=c["t_peak"], t_min=float(c["t_min"]),
+            stratum=None if stratum is None else stratum[:, 0], num_strata=num,
+            generator=generators)
         return self.one_stream(batch, noisy, noise_mask, t)
 
     def loss(self, model, prepared, denominators):

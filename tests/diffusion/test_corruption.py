@@ -172,6 +172,31 @@ def test_scdd_time_grid_and_channels():
     assert (noisy[t == 1.0] == MASK).all()  # t = 1: everything absorbed
 
 
+def test_scdd_t_min_clips_the_grid_and_strata_spread_the_batch():
+    """t_min keeps only the grid points i/T >= t_min, each equally likely; t_min = 0 is the
+    full grid draw for draw; with strata the batch's times fall one per stratum."""
+    T, b = 10, 6000
+    ids = torch.zeros(b, 4, dtype=torch.long)
+    lm = torch.ones(b, 4)
+    _, _, full = corrupt_scdd(ids, lm, MASK, V, num_timesteps=T, generator=gen(3))
+    _, _, zero = corrupt_scdd(ids, lm, MASK, V, num_timesteps=T, t_min=0.0, generator=gen(3))
+    assert torch.equal(full, zero)
+    _, _, p = corrupt_scdd(ids, lm, MASK, V, num_timesteps=T, t_min=0.3, generator=gen(3))
+    t = p[:, 0]
+    counts = torch.stack([(t == i / T).sum() for i in range(1, T + 1)]).double()
+    assert counts[:2].sum() == 0 and counts.sum() == b  # 0.1, 0.2 gone; 0.3 (= t_min) kept
+    assert ((counts[2:] - b / 8).abs() < 5 * math.sqrt(b / 8)).all()
+    # 8 rows in 8 strata: their uniforms land one per eighth, so the 8 grid times of
+    # {0.3, ..., 1.0} (8 points) are each drawn exactly once.
+    g = 8
+    stratum = torch.arange(g, dtype=torch.float64) / g
+    _, _, p = corrupt_scdd(ids[:g], lm[:g], MASK, V, num_timesteps=T, t_min=0.3,
+                           stratum=stratum, num_strata=g, generator=gen(5))
+    assert sorted(p[:, 0].tolist()) == pytest.approx([i / T for i in range(3, T + 1)])
+    with pytest.raises(ValueError, match=r"t_min must be a number in \[0, 1\), got 1.0"):
+        corrupt_scdd(ids, lm, MASK, V, num_timesteps=T, t_min=1.0, generator=gen(0))
+
+
 def unit_sums(values, block_size, length):
     if block_size is None:
         return values.sum(-1, keepdim=True)

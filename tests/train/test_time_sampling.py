@@ -48,3 +48,27 @@ def test_levels_are_split_invariant_and_one_per_stratum(name):
     first = torch.stack([p[0].double() for p, _ in ref.values()])
     level = ((first - t_min) / (t_max - t_min)).clamp(0, 1 - 1e-9)
     assert sorted((level * G).floor().long().tolist()) == list(range(G))
+
+
+def test_scdd_times_are_split_invariant_and_one_per_stratum():
+    """SCDD with ``time_sampling: stratified``: one diffusion time per row on the grid above
+    ``t_min``, one per stratum of the global batch, the same under any split. T = 1000 and
+    t_min = 0.201 leave 800 grid points (201/T ... 1000/T), 100 to each of the 8 strata."""
+    cfg = config("train.global_batch_size=8", "strategy.time_sampling=stratified",
+                 "strategy.t_min=0.201", strategy="scdd")
+    c = build_components(cfg, CPU)
+    ref = per_sample_noise(c, cfg, world_size=1, micro=8)
+    for world_size, micro in ((1, 2), (2, 4), (4, 2)):
+        other = per_sample_noise(c, cfg, world_size=world_size, micro=micro)
+        for index, (t, noise) in ref.items():
+            assert torch.equal(other[index][0], t) and torch.equal(other[index][1], noise)
+    grid = torch.stack([(t[0].double() * 1000).round() for t, _ in ref.values()])
+    assert bool((grid >= 201).all())
+    assert sorted(((grid - 201) // 100).long().tolist()) == list(range(G))
+
+
+def test_scdd_time_options_are_checked():
+    for option, message in (("strategy.t_min=1.0", r"strategy.t_min must be a number in \[0, 1\)"),
+                            ("strategy.time_sampling=sobol", "time_sampling must be one of")):
+        with pytest.raises(ValueError, match=message):
+            build_components(config(option, strategy="scdd"), CPU)
