@@ -79,6 +79,13 @@ def check_open_unit(name: str, value: float) -> float:
     return float(value)
 
 
+def check_unit_from_zero(name: str, value: object) -> float:
+    """Require a real number in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
 def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
     """Require an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -29,6 +29,7 @@ from dlmkit.diffusion._checks import (
     check_optional_block_size,
     check_positive_int,
     check_same_shape,
+    check_unit_from_zero,
     check_vocab,
 )
 from dlmkit.diffusion.schedules import check_scdd_grid, check_scdd_params, scdd_schedule
@@ -223,14 +224,13 @@ def corrupt_scdd(
     num_timesteps = check_positive_int("num_timesteps", num_timesteps, minimum=2)
     check_scdd_params(max_ratio, gamma_shape, t_peak)
     check_scdd_grid(max_ratio, gamma_shape, t_peak, num_timesteps)
-    if isinstance(t_min, bool) or not isinstance(t_min, (int, float)) or not 0 <= t_min < 1:
-        raise ValueError(f"t_min must be a number in [0, 1), got {t_min!r}")
+    t_min = check_unit_from_zero("t_min", t_min)
     num_strata = check_positive_int("num_strata", num_strata)
     batch, length = input_ids.shape
     u = rng.draw_rows(generator, batch, 1, input_ids.device)[:, 0]
     u = timesteps.stratified(u, stratum, num_strata)
     # The first grid index at or above t_min (the 1e-9 keeps t_min = i/T itself on the grid).
-    first = max(1, math.ceil(float(t_min) * num_timesteps - 1e-9))
+    first = max(1, math.ceil(t_min * num_timesteps - 1e-9))
     points = num_timesteps - first + 1
     t = ((u * points).floor() + first).clamp(max=num_timesteps) / num_timesteps
     masses = scdd_schedule(t, max_ratio=max_ratio, gamma_shape=gamma_shape, t_peak=t_peak)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
+from dlmkit.diffusion._checks import check_unit_from_zero
 from dlmkit.diffusion.timesteps import check_time_sampling
 
 from .mdlm import MDLMStrategy
@@ -38,9 +39,7 @@ class SCDDStrategy(MDLMStrategy):
 
     def validate(self) -> None:
         c = self.config
-        t_min = c["t_min"]
-        if isinstance(t_min, bool) or not isinstance(t_min, (int, float)) or not 0 <= t_min < 1:
-            raise ValueError(f"strategy.t_min must be a number in [0, 1), got {t_min!r}")
+        check_unit_from_zero("strategy.t_min", c["t_min"])
         check_time_sampling(c["time_sampling"])
         self.loss_fn = SCDDLoss(self.mask_token_id, num_timesteps=c["num_timesteps"],
                                 max_ratio=c["max_ratio"], gamma_shape=c["gamma_shape"],
@@ -53,7 +52,7 @@ class SCDDStrategy(MDLMStrategy):
         noisy, noise_mask, t = corrupt_scdd(
             batch["input_ids"], batch["loss_mask"], self.mask_token_id, self.vocab_size,
             num_timesteps=c["num_timesteps"], max_ratio=c["max_ratio"],
-            gamma_shape=c["gamma_shape"], t_peak=c["t_peak"], t_min=float(c["t_min"]),
+            gamma_shape=c["gamma_shape"], t_peak=c["t_peak"], t_min=c["t_min"],
             stratum=None if stratum is None else stratum[:, 0], num_strata=num,
             generator=generators)
         return self.one_stream(batch, noisy, noise_mask, t)
