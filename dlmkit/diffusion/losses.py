@@ -221,13 +221,15 @@ class BlockDiffusionLoss(torch.nn.Module):
         return LossOutput(loss, loss.detach(), {})
 
 
-def encoder_ar_loss(logits, input_ids, valid_mask=None, *, num_tokens=None,
+def encoder_ar_loss(logits, input_ids, valid_mask=None, *, target_mask=None, num_tokens=None,
                     chunk_size: int | None = DEFAULT_CHUNK) -> torch.Tensor:
     """Next-token CE of an encoder pass (DiffusionGemma's co-trained AR term). Scalar.
 
     ``logits [B, S, V]`` at position ``i`` predict ``input_ids[:, i + 1]``; the pair is scored
-    when ``valid_mask[i] & valid_mask[i + 1]`` (``valid_mask [B, S]``, ``None`` = all valid).
-    Divided by ``num_tokens`` (global pair count), else the local number of scored pairs.
+    when ``valid_mask[i] & valid_mask[i + 1]`` (``valid_mask [B, S]``, ``None`` = all valid)
+    and, with ``target_mask [B, S]``, also ``target_mask[i + 1]`` (e.g. only response tokens
+    as targets). Divided by ``num_tokens`` (global pair count), else the local number of
+    scored pairs.
     """
     check_ids("input_ids", input_ids)
     check_logits("logits", logits, input_ids)
@@ -235,7 +237,8 @@ def encoder_ar_loss(logits, input_ids, valid_mask=None, *, num_tokens=None,
     chunk_size = _check_chunk(chunk_size)
     valid = (torch.ones_like(input_ids, dtype=torch.bool) if valid_mask is None
              else _mask("valid_mask", valid_mask, input_ids))
-    targets, scored = _shifted(input_ids, valid)
+    targets, scored = _shifted(input_ids, valid if target_mask is None
+                               else valid & _mask("target_mask", target_mask, input_ids))
     scored = scored & valid
     return _weighted_ce(logits, targets, scored / _denominator(num_tokens, scored.sum()),
                         chunk_size)[0]

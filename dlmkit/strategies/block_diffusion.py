@@ -19,7 +19,10 @@ global sample index)`` only, in this order):
 Loss: the flat block-diffusion CE over the block's supervised tokens (corrupted or not) divided
 by their global count (``num_tokens``, from the final canvas masks), plus
 ``encoder_loss_weight`` times the encoder's next-token loss over the clean sequence with its own
-global count of valid pairs (``num_ar_tokens``). Self-conditioning (``self_conditioning_p >
+global count of scored pairs (``num_ar_tokens``): every valid pair with ``encoder_loss_targets=
+"all"`` (NeMo's recipe), only pairs whose target is a supervised (response) token with
+``"response"`` (the ar family's SFT loss; a user's prompts are not learned by heart).
+Self-conditioning (``self_conditioning_p >
 0``): pass 1 decodes the block without it under ``no_grad`` (always, whatever the coins, so
 every rank runs the same forwards), pass 2 decodes it again with pass 1's logits gated per
 example by the coin and is the one that backpropagates.
@@ -45,6 +48,7 @@ from dlmkit.models import diffusion_gemma as dg
 from .base import Strategy
 
 DECODE = ("selected", "all")
+ENCODER_LOSS_TARGETS = ("all", "response")
 
 
 def supervised_runs(loss_mask: torch.Tensor, valid: torch.Tensor | None = None
@@ -83,7 +87,8 @@ class BlockDiffusionStrategy(Strategy):
     default_warmup_steps = 20
     fill_from_response = True
     options = {"block_size": 8, "eps": 1e-3, "self_conditioning_p": 0.5,
-               "encoder_loss_weight": 1.0, "max_blocks": None, "decode": "selected"}
+               "encoder_loss_weight": 1.0, "encoder_loss_targets": "all", "max_blocks": None,
+               "decode": "selected"}
 
     def validate(self) -> None:
         c = self.config
@@ -102,6 +107,9 @@ class BlockDiffusionStrategy(Strategy):
                 not 0 <= weight < math.inf:
             raise ValueError(f"strategy.encoder_loss_weight must be a finite number >= 0, "
                              f"got {weight!r}")
+        if c["encoder_loss_targets"] not in ENCODER_LOSS_TARGETS:
+            raise ValueError(f"strategy.encoder_loss_targets must be one of "
+                             f"{ENCODER_LOSS_TARGETS}, got {c['encoder_loss_targets']!r}")
         if c["decode"] not in DECODE:
             raise ValueError(f"strategy.decode must be one of {DECODE}, got {c['decode']!r}")
         self.loss_fn = BlockDiffusionLoss(chunk_size=self.loss_chunk_size)
@@ -162,8 +170,12 @@ class BlockDiffusionStrategy(Strategy):
         target, loss_mask = self._gather(ids, start, length, S)
         noisy, noise_mask, _ = corrupt_uniform_random(
             target, loss_mask, self.vocab_size, eps=self.config["eps"], generator=generators)
+        ar_targets = valid != 0
+        if self.config["encoder_loss_targets"] == "response":
+            ar_targets = ar_targets & (batch["loss_mask"] != 0)
         prepared = {"input_ids": ids, "position_ids": positions, "valid": valid,
-                    "self_condition": coins, "block": chosen, "layout": self.layout_key(batch)}
+                    "ar_targets": ar_targets, "self_condition": coins, "block": chosen,
+                    "layout": self.layout_key(batch)}
         if self.config["decode"] == "all":
             return {**prepared, **self._all_blocks(batch, runs, blocks, chosen, noisy,
                                                    generators)}
@@ -226,7 +238,7 @@ class BlockDiffusionStrategy(Strategy):
     def counts(self, prepared):
         valid = prepared["valid"] != 0
         return {"num_tokens": (prepared["loss_mask"] != 0).sum(),
-                "num_ar_tokens": (valid[:, :-1] & valid[:, 1:]).sum()}
+                "num_ar_tokens": (valid[:, :-1] & prepared["ar_targets"][:, 1:]).sum()}
 
     def attention_masks(self, model, prepared) -> tuple[dict, dict]:
         """``(encoder, decoder)`` masks by layer type, cached per layout."""
@@ -268,6 +280,7 @@ class BlockDiffusionStrategy(Strategy):
         if weight > 0:
             logits = dg.softcapped_logits(model, out.encoder_last_hidden_state)
             ar = encoder_ar_loss(logits, prepared["input_ids"], prepared["valid"],
+                                 target_mask=prepared["ar_targets"],
                                  num_tokens=denominators["num_ar_tokens"],
                                  chunk_size=self.loss_chunk_size)
         total = diffusion + weight * ar

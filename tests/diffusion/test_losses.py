@@ -72,6 +72,15 @@ def test_block_diffusion_and_encoder_ar_hand_values():
     everything = encoder_ar_loss(CAUSAL, TARGET)
     ref = sum(ce(CAUSAL[0, i], int(TARGET[0, i + 1])) for i in range(3)) / 3
     assert everything.item() == pytest.approx(ref, rel=1e-5)
+    # target_mask: only pairs whose *target* is marked (here the response tokens 2, 3)
+    response = encoder_ar_loss(CAUSAL, TARGET, torch.tensor([[1, 1, 1, 1]]),
+                               target_mask=torch.tensor([[0, 0, 1, 1]]))
+    want = (ce(CAUSAL[0, 1], int(TARGET[0, 2])) + ce(CAUSAL[0, 2], int(TARGET[0, 3]))) / 2
+    assert response.item() == pytest.approx(want, rel=1e-5)
+    # ... and still only valid pairs: the invalid last token is no target
+    assert encoder_ar_loss(CAUSAL, TARGET, valid, target_mask=torch.tensor([[0, 0, 1, 1]])
+                           ).item() == pytest.approx(ce(CAUSAL[0, 1], int(TARGET[0, 2])),
+                                                     rel=1e-5)
 
 
 @pytest.mark.parametrize("auto", [False, True])

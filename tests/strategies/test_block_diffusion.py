@@ -190,6 +190,9 @@ def test_bad_options_are_errors():
         strategy(encoder_loss_weight=-1)
     with pytest.raises(ValueError, match="decode must be one of"):
         strategy(decode="some")
+    with pytest.raises(ValueError, match=r"encoder_loss_targets must be one of \('all', "
+                                         r"'response'\), got 'prompt'"):
+        strategy(encoder_loss_targets="prompt")
     with pytest.raises(ValueError, match="max_blocks must be a positive int"):
         strategy(max_blocks=0)
 

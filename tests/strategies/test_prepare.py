@@ -148,6 +148,11 @@ def test_counts_are_hand_computed_denominators(tokenizer, name):
         # the selected block's supervised tokens; the encoder's valid next-token pairs
         assert counts == {"num_tokens": int(p["lengths"].sum()),
                           "num_ar_tokens": int((valid[:, :-1] & valid[:, 1:]).sum())}
+        # encoder_loss_targets="response": only pairs whose target is a supervised token
+        s = make_strategy(tokenizer, name, encoder_loss_targets="response")
+        counts = {k: int(v) for k, v in s.counts(prepare(s, batch)).items()}
+        assert counts["num_ar_tokens"] == int((valid[:, :-1] & (sup & valid)[:, 1:]).sum())
+        assert 0 < counts["num_ar_tokens"] < int((valid[:, :-1] & valid[:, 1:]).sum())
     else:
         raise AssertionError(f"no hand-computed denominators for strategy {name!r}")
 
