@@ -22,10 +22,10 @@ by their global count (``num_tokens``, from the final canvas masks), plus
 global count of scored pairs (``num_ar_tokens``): every valid pair with ``encoder_loss_targets=
 "all"`` (NeMo's recipe), only pairs whose target is a supervised (response) token with
 ``"response"`` (the ar family's SFT loss; a user's prompts are not learned by heart).
-Self-conditioning (``self_conditioning_p >
-0``): pass 1 decodes the block without it under ``no_grad`` (always, whatever the coins, so
-every rank runs the same forwards), pass 2 decodes it again with pass 1's logits gated per
-example by the coin and is the one that backpropagates.
+
+Self-conditioning (``self_conditioning_p > 0``): pass 1 decodes the block without it under
+``no_grad`` (always, whatever the coins, so every rank runs the same forwards), pass 2 decodes
+it again with pass 1's logits gated per example by the coin and is the one that backpropagates.
 
 Only the selected block is decoded (its ``S`` query rows over ``[encoder | S canvas]`` keys).
 NeMo's scheme forwards the whole response canvas and scores one block; since canvas attention
