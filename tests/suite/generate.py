@@ -32,7 +32,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 SPLIT_SIZES = {"train": 4000, "validation": 200, "test": 200}
@@ -170,12 +172,27 @@ def build_bpe(out: Path, texts: list[str]) -> Path:
     return path
 
 
-def main(argv: list[str]) -> int:
-    out = Path(argv[0]) if argv else Path(__file__).parent / "data"
+def write_suite(out: Path) -> None:
     write_splits(out)
     texts = [m["content"] for task in TASKS for r in split_records(task, "train")
              for m in r["messages"]]
     build_bpe(out, texts)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else Path(__file__).parent / "data"
+    if out.exists():
+        write_suite(out)  # deterministic: rewrites the same bytes
+    else:
+        # Written beside ``out`` and renamed into place in one step, so that two suite runs
+        # started together never read each other's half-written files.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        write_suite(staging)
+        try:
+            staging.rename(out)
+        except OSError:  # another writer finished first; its files are the same bytes
+            shutil.rmtree(staging)
     print(f"suite written to {out}: tasks {', '.join(TASKS)}; tokenizer {out / 'bpe'}")
     return 0
 

@@ -31,6 +31,28 @@ def test_the_files_are_deterministic(written, tmp_path):
                 (written / task / f"{split}.jsonl").read_bytes(), (task, split)
 
 
+def test_a_new_suite_directory_appears_whole_even_when_two_writers_race(tmp_path, monkeypatch):
+    def staged(staging):  # stands in for the (slow) real writer
+        (staging / "mine").write_text("")
+
+    monkeypatch.setattr(suite, "write_suite", staged)
+    assert suite.main([str(tmp_path / "a" / "data")]) == 0
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["data"]
+    assert [p.name for p in (tmp_path / "a" / "data").iterdir()] == ["mine"]
+
+    out = tmp_path / "b" / "data"
+
+    def overtaken(staging):  # another run renames its finished copy into place first
+        staged(staging)
+        out.mkdir()
+        (out / "theirs").write_text("")
+
+    monkeypatch.setattr(suite, "write_suite", overtaken)
+    assert suite.main([str(out)]) == 0
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["data"]
+    assert [p.name for p in out.iterdir()] == ["theirs"]
+
+
 @pytest.mark.parametrize("task", suite.TASKS)
 def test_splits_are_disjoint_and_end_with_an_answer(written, task):
     splits = {s: read(written / task / f"{s}.jsonl") for s in suite.SPLIT_SIZES}
