@@ -145,14 +145,15 @@ def test_counts_are_hand_computed_denominators(tokenizer, name):
         # next-token pairs: supervised tokens with a predecessor in their row
         assert counts == {"num_tokens": int(sup[:, 1:].sum())}
     elif name == CANVAS:
-        # the selected block's supervised tokens; the encoder's valid next-token pairs
-        assert counts == {"num_tokens": int(p["lengths"].sum()),
-                          "num_ar_tokens": int((valid[:, :-1] & valid[:, 1:]).sum())}
-        # encoder_loss_targets="response": only pairs whose target is a supervised token
-        s = make_strategy(tokenizer, name, encoder_loss_targets="response")
+        # the selected block's supervised tokens; the encoder's next-token pairs whose target
+        # is a supervised token (the default encoder_loss_targets="response")
+        response_pairs = int((valid[:, :-1] & (sup & valid)[:, 1:]).sum())
+        assert counts == {"num_tokens": int(p["lengths"].sum()), "num_ar_tokens": response_pairs}
+        # encoder_loss_targets="all" (NeMo's recipe): every valid next-token pair
+        s = make_strategy(tokenizer, name, encoder_loss_targets="all")
         counts = {k: int(v) for k, v in s.counts(prepare(s, batch)).items()}
-        assert counts["num_ar_tokens"] == int((valid[:, :-1] & (sup & valid)[:, 1:]).sum())
-        assert 0 < counts["num_ar_tokens"] < int((valid[:, :-1] & valid[:, 1:]).sum())
+        assert counts["num_ar_tokens"] == int((valid[:, :-1] & valid[:, 1:]).sum())
+        assert 0 < response_pairs < counts["num_ar_tokens"]
     else:
         raise AssertionError(f"no hand-computed denominators for strategy {name!r}")
 
