@@ -178,6 +178,16 @@ class ResumePoint:
         return load_yaml(f.read_text()) if f.is_file() else None
 
 
+def newest_complete_checkpoint(run_dir: Path | None) -> Path | None:
+    """The checkpoint ``--resume`` would start from, or None when there is none."""
+    if run_dir is None:
+        return None
+    try:
+        return find_resume_point(run_dir).path
+    except FileNotFoundError:
+        return None
+
+
 def find_resume_point(run_dir: Path) -> ResumePoint:
     """The newest complete checkpoint of ``run_dir``; ``notes`` say why newer ones, or the one
     ``latest`` names, were passed over. Raises FileNotFoundError when there is none."""

@@ -34,7 +34,7 @@ from dlmkit.models import resolve_attention
 
 from .best import BestModel
 from .budget import resolve_budget, resolve_warmup
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, newest_complete_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
 from .metrics import MetricsLog, plot_loss_curve
@@ -329,7 +329,6 @@ class _Status:
 
     run_dir: Path | None = None
     step: int | None = None
-    checkpoint: Path | None = None
 
 
 def run(config: dict, *, resume: bool = False, overwrite: bool = False,
@@ -352,7 +351,11 @@ def run(config: dict, *, resume: bool = False, overwrite: bool = False,
         run_dir = _run(config, world, plan, overwrite, status)
     except KeyboardInterrupt:
         shutdown(world, clean=False)
-        raise TrainingInterrupted(status.run_dir, status.step, status.checkpoint) from None
+        # What is on disk, not what the loop last recorded: Ctrl-C can land after a
+        # checkpoint's rename but before save_checkpoint returns, and a message saying "no
+        # checkpoint" would then suggest --overwrite, which deletes it.
+        raise TrainingInterrupted(status.run_dir, status.step,
+                                  newest_complete_checkpoint(status.run_dir)) from None
     except BaseException:
         shutdown(world, clean=False)
         raise
@@ -507,7 +510,6 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         for line in plan.summary():
             messages.message(line)
         start = load_checkpoint(plan.point.path, model, optimizer, scheduler, world)
-        status.checkpoint = plan.point.path
         if start > t["steps"]:
             raise ConfigError(f"--resume: {plan.point.path} is at step {start}, beyond "
                               f"train.steps={t['steps']}; set train.steps >= {start}")
@@ -558,8 +560,7 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             best.offer(done, val_loss, export)
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
         if done % t["save_every"] == 0 or done == t["steps"]:
-            status.checkpoint = save_checkpoint(run_dir, done, model, optimizer, scheduler,
-                                                world, config=config)
+            save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config)
         progress.advance()
     progress.close()
     final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
