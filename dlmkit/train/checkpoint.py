@@ -70,7 +70,7 @@ def _write_failure(err: BaseException, root: Path, step: int) -> CheckpointError
         free = f"; {_mib(shutil.disk_usage(root).free)} free there"
     except OSError:
         free = ""
-    previous = latest_checkpoint(root.parent)
+    previous = newest_complete_checkpoint(root.parent)
     keep = (f"The newest complete checkpoint, {previous}, is intact: free some space and "
             f"continue from it with --resume." if previous is not None else
             "No earlier checkpoint exists: free some space and start the run again.")
