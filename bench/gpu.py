@@ -466,6 +466,34 @@ def build(args, device, emit) -> None:
 
 
 # -------------------------------------------------------------------------------- train
+def preset_max_positions(name: str) -> int | None:
+    """``max_position_embeddings`` of a built-in model preset (None for a path or unknown)."""
+    from dlmkit.models import PRESETS
+    from dlmkit.models.diffusion_gemma import PRESETS as DIFFUSION_GEMMA
+
+    if name in PRESETS:
+        return PRESETS[name].get("max_position_embeddings")
+    if name in DIFFUSION_GEMMA:
+        return DIFFUSION_GEMMA[name]["text"].get("max_position_embeddings")
+    return None
+
+
+def _long_data(folder: Path, T: int, rows: int) -> Path:
+    """``rows`` random-letter prompt/response records of ~T byte tokens (written once per T)."""
+    data = folder / f"long{T}.jsonl"
+    if data.exists():
+        return data
+    g = torch.Generator().manual_seed(0)
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    with data.open("w") as f:
+        for _ in range(rows):
+            # Byte tokenizer: ~1 token per character; prompt + response fill ~T tokens.
+            text = "".join(letters[int(i)] for i in torch.randint(0, 27, (T,), generator=g))
+            f.write(json.dumps({"prompt": text[: T // 2 - 16],
+                                "response": text[T // 2: T - 16]}) + "\n")
+    return data
+
+
 def train(args, device, emit) -> None:
     from dlmkit import strategies
     from dlmkit.models import PRESETS
@@ -473,21 +501,19 @@ def train(args, device, emit) -> None:
     from dlmkit.train.recipe import run
 
     names = [n for n in args.strategies.split(",") if n] or strategies.names()
-    T = args.train_seq_len
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "long.jsonl"
-        g = torch.Generator().manual_seed(0)
-        letters = "abcdefghijklmnopqrstuvwxyz "
-        with data.open("w") as f:
-            for _ in range(4 * args.train_batch):
-                # Byte tokenizer: ~1 token per character; prompt + response fill ~T tokens.
-                text = "".join(letters[int(i)] for i in torch.randint(0, 27, (T,), generator=g))
-                f.write(json.dumps({"prompt": text[: T // 2 - 16],
-                                    "response": text[T // 2: T - 16]}) + "\n")
         for name in names:
+            default = getattr(strategies.get(name), "default_model", "tiny-llama")
+            # --model replaces the family's own preset only when both are the same architecture.
+            swap = default in PRESETS and args.model in PRESETS and \
+                PRESETS[default]["model_type"] == PRESETS[args.model]["model_type"]
+            model = args.model if swap else default
+            # That model may hold fewer positions than --train-seq-len (the tiny
+            # DiffusionGemma: 1024): its run uses what the model can take, and says so.
+            T = min(args.train_seq_len, preset_max_positions(model) or args.train_seq_len)
+            data = _long_data(Path(tmp), T, 4 * args.train_batch)
             rec = {"strategy": name, "seq_len": T, "global_batch_size": args.train_batch,
                    "steps": args.train_steps}
-            default = getattr(strategies.get(name), "default_model", "tiny-llama")
             overrides = [
                 f"strategy.name={name}", "data.task=null", f"data.train_files=[{data}]",
                 f"data.max_seq_len={T}", "model.attention=auto", f"train.device={device.type}",
@@ -495,8 +521,7 @@ def train(args, device, emit) -> None:
                 f"train.log_every={max(1, args.train_steps // 2)}", "train.val_every=1000000",
                 "train.save_every=1000000", "train.warmup_steps=1", "train.progress=false",
                 f"output_dir={Path(tmp) / name}"]
-            if default in PRESETS and args.model in PRESETS and \
-                    PRESETS[default]["model_type"] == PRESETS[args.model]["model_type"]:
+            if swap:
                 overrides.append(f"model.name={args.model}")
             try:
                 config = load_config(None, [*overrides, *strategy_overrides(name, args.set)])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_positive_int
+from .checks import check_positive_int, mask_device
 from .core import Mask
 from .padding import self_attention_mask
 
@@ -19,6 +19,7 @@ from .padding import self_attention_mask
 def bidirectional(seq_len: int, valid=None, *, device=None) -> Mask:
     """Every real token attends every real token; padding per :mod:`dlmkit.masks.padding`."""
     seq_len = check_positive_int("seq_len", seq_len)
+    device = mask_device(device, valid)
 
     def rule(b, q, kv):
         return (q < seq_len) & (kv < seq_len)

@@ -33,9 +33,12 @@ def ordered_indices(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     rank = chosen.cumsum(-1, dtype=torch.int32)
     position = torch.arange(n, dtype=torch.int32, device=selected.device)
     slot = torch.where(selected, rank - 1, num.unsqueeze(-1) + position - rank)
-    indices = torch.empty_like(slot)
+    # Contiguous outputs even for a transposed ``selected`` (the Q-side lists): FlexAttention's
+    # compiled backward reads the index lists as contiguous rows, and ``empty_like`` would copy
+    # the transposed strides (equal values, wrong dK/dV on CUDA).
+    indices = torch.empty(slot.shape, dtype=slot.dtype, device=slot.device)
     indices.scatter_(-1, slot.long(), position.expand_as(slot).contiguous())
-    return num, indices
+    return num.contiguous(), indices
 
 
 def block_mask_from_tiles(

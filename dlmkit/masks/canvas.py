@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_int, check_positive_int, check_valid
+from .checks import check_int, check_positive_int, check_valid, mask_device
 from .core import Mask
 from .padding import self_attention_mask, valid_runs
 
@@ -79,10 +79,7 @@ def canvas(prefix_lengths, response_length, enc_len: int, block_size: int,
     block_size = check_positive_int("block_size", block_size)
     window = None if sliding_window is None else check_int("sliding_window", sliding_window,
                                                            minimum=0)
-    if device is None:
-        for value in (prefix_lengths, response_length):
-            if isinstance(value, torch.Tensor):
-                device = value.device
+    device = mask_device(device, prefix_lengths, response_length, valid)
     prefix = _lengths("prefix_lengths", prefix_lengths, device)
     response = _lengths("response_length", response_length, device)
     if prefix.numel() != response.numel() and 1 not in (prefix.numel(), response.numel()):
@@ -159,6 +156,7 @@ def canvas_encoder(seq_len: int, valid=None, sliding_window: int | None = None, 
     (padding per :mod:`dlmkit.masks.padding`); with ``sliding_window=W`` also ``kv > q - W``
     (transformers' convention: ``W`` keys including the query's own)."""
     seq_len = check_positive_int("seq_len", seq_len)
+    device = mask_device(device, valid)
     window = None if sliding_window is None else check_positive_int("sliding_window",
                                                                     sliding_window)
 

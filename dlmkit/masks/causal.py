@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_int, check_positive_int
+from .checks import check_int, check_positive_int, mask_device
 from .core import Mask
 from .padding import self_attention_mask
 
@@ -60,6 +60,7 @@ def padded_causal(seq_len: int, valid=None, *, device=None) -> Mask:
     with padding per :mod:`dlmkit.masks.padding` (padded keys blocked, every row keeps its
     diagonal), ``[batch or 1, 1, seq_len, seq_len]``."""
     seq_len = check_positive_int("seq_len", seq_len)
+    device = mask_device(device, valid)
 
     def rule(b, q, kv):
         return kv <= q

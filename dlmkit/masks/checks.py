@@ -78,6 +78,19 @@ def check_valid(valid, seq_len: int, name: str = "valid") -> torch.Tensor | None
     return valid.to(torch.int8)
 
 
+def mask_device(device, *tensors) -> torch.device | None:
+    """The device a mask is built on: ``device`` when given, else that of the first tensor
+    argument (``valid``, ``doc_ids``). Resolved before a factory defines its closures, so that
+    the index tensors they build land beside the padding rows they are compared with (a CUDA
+    ``valid`` with ``device=None`` must not give CPU ``arange``s)."""
+    if device is not None:
+        return torch.device(device)
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            return tensor.device
+    return None
+
+
 def int_rows(name: str, value, width: int | None = None) -> torch.Tensor:
     """Integer data given per batch row: a sequence or tensor ``[width]`` (one row, shared) or
     ``[batch, width]``; returns int64 ``[batch, width]``. ``width=None`` accepts any width >= 1.

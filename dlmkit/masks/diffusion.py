@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from .checks import broadcast_batch, check_ids, check_positive_int, check_valid
+from .checks import broadcast_batch, check_ids, check_positive_int, check_valid, mask_device
 from .core import Mask
 from .padding import padded_rule, self_attention_mask
 
@@ -123,12 +123,8 @@ def _mask(name: str, rule, intervals, seq_len: int, valid, docs: Documents | Non
     return self_attention_mask(name, rule, intervals, seq_len, 2, valid, docs.doc.device)
 
 
-def _documents(doc_ids, seq_len: int, valid, device) -> Documents | None:
-    if doc_ids is None:
-        return None
-    if device is None and isinstance(valid, torch.Tensor):
-        device = valid.device
-    return Documents(doc_ids, seq_len, device=device)
+def _documents(doc_ids, seq_len: int, device) -> Documents | None:
+    return None if doc_ids is None else Documents(doc_ids, seq_len, device=device)
 
 
 def block_diffusion(seq_len: int, block_size: int, valid=None, *, doc_ids=None,
@@ -163,7 +159,8 @@ def block_diffusion(seq_len: int, block_size: int, valid=None, *, doc_ids=None,
     seq_len = check_positive_int("seq_len", seq_len)
     block_size = check_positive_int("block_size", block_size)
     L, S = seq_len, block_size
-    docs = _documents(doc_ids, L, valid, device)
+    device = mask_device(device, valid, doc_ids)
+    docs = _documents(doc_ids, L, device)
     ids = _block_ids(L, S, docs)
 
     def rule(b, q, kv):
@@ -212,7 +209,8 @@ def idlm(seq_len: int, block_size: int, valid=None, *, doc_ids=None, device=None
     seq_len = check_positive_int("seq_len", seq_len)
     block_size = check_positive_int("block_size", block_size)
     L, S = seq_len, block_size
-    docs = _documents(doc_ids, L, valid, device)
+    device = mask_device(device, valid, doc_ids)
+    docs = _documents(doc_ids, L, device)
     ids = _block_ids(L, S, docs)
 
     def rule(b, q, kv):

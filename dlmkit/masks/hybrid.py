@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_positive_int
+from .checks import check_positive_int, mask_device
 from .core import Mask
 from .diffusion import block_diffusion, idlm
 
@@ -44,6 +44,7 @@ def hybrid(seq_len: int, block_size: int, valid=None, *, doc_ids=None, device=No
     """Hybrid mask ``[batch, 1, 2L, 2L]``; arguments as in :func:`block_diffusion`."""
     L = check_positive_int("seq_len", seq_len)
     check_positive_int("block_size", block_size)
+    device = mask_device(device, valid, doc_ids)
     noisy = block_diffusion(L, block_size, valid, doc_ids=doc_ids, device=device)
     clean = idlm(L, block_size, valid, doc_ids=doc_ids, device=device)
     mask = (noisy & _rows(2 * L, 0, L, device)) | (clean & _rows(2 * L, L, 2 * L, device))

@@ -87,3 +87,26 @@ def test_a_wrong_block_mask_fails_the_check(monkeypatch):
     (record,) = records
     assert record["flex_calls"] > 0
     assert record["passed"] is False and record["loss_rel"] > record["tolerance"]["loss_rel"]
+
+
+def test_train_section_fits_each_family_in_its_models_positions(tmp_path):
+    """A family whose own model holds fewer positions than --train-seq-len (the tiny
+    DiffusionGemma, 1024) trains at what it can take instead of failing (as it did on the
+    first CUDA run); the others keep the length asked for."""
+    gpu = _module()
+    assert gpu.preset_max_positions("tiny-diffusion-gemma") == 1024
+    assert gpu.preset_max_positions("small-llama") == 2048
+    assert gpu.preset_max_positions("/some/model/dir") is None
+    out = tmp_path / "train.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--sections", "train",
+                           "--strategies", "block_diffusion,mdlm", "--model", "small-llama",
+                           "--train-seq-len", "1536", "--train-steps", "1", "--train-batch", "2",
+                           "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())["train"]}
+    assert "error" not in rows["block_diffusion"], rows["block_diffusion"]
+    assert rows["block_diffusion"]["seq_len"] == 1024
+    assert rows["mdlm"]["seq_len"] == 1536 and rows["mdlm"]["model"] == "small-llama"
+    assert math.isfinite(rows["mdlm"]["final_loss"])

@@ -30,7 +30,7 @@ def test_auto_is_flex_and_autocast_is_bf16():
     assert getattr(c.model, "module", c.model).config._attn_implementation == "flex_attention"
 
 
-@pytest.mark.parametrize("name", ["mdlm", "bd3lm", "idlm"])
+@pytest.mark.parametrize("name", ["mdlm", "bd3lm", "idlm", "block_diffusion"])
 def test_recipe_trains_on_cuda_with_flex(tmp_path, name):
     assert name in strategies.names()
     config = load_config(None, [*TINY, f"strategy.name={name}", f"output_dir={tmp_path / name}"])

@@ -34,6 +34,9 @@ def assert_block_masks_equal(ours, theirs, context: str = "") -> None:
         assert a.shape == b.shape, f"{context}: {field} shape {tuple(a.shape)} != {tuple(b.shape)}"
         assert a.dtype == b.dtype, f"{context}: {field} dtype {a.dtype} != {b.dtype}"
         assert torch.equal(a, b), f"{context}: {field} differs\nours={a}\ntorch={b}"
+        # Equal values are not enough: the compiled CUDA backward reads the lists as
+        # contiguous rows (transposed strides gave equal tensors and wrong dK/dV on a GPU).
+        assert a.is_contiguous(), f"{context}: {field} has strides {a.stride()}, not contiguous"
 
 
 def assert_matches_create_block_mask(mask, block_size) -> None:
