@@ -43,13 +43,19 @@ def _rng_state() -> dict:
     return state
 
 
-def _model_optimizer_state(model, optimizer, world: World) -> dict:
+def _model_optimizer_state(model, optimizer, world: World, ema=None) -> dict:
+    """What ``state`` holds: model, optimizer and, with ``train.ema_decay``, the weight
+    average (:mod:`dlmkit.train.ema`)."""
     if world.distributed:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optim_state = get_state_dict(model, optimizer)
-        return {"model": model_state, "optimizer": optim_state}
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state = {"model": model_state, "optimizer": optim_state}
+    else:
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    if ema is not None:
+        state["ema"] = ema.state_dict()
+    return state
 
 
 def _files(directory: Path) -> dict[str, int]:
@@ -81,8 +87,9 @@ def _write_failure(err: BaseException, root: Path, step: int) -> CheckpointError
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, world: World,
-                    config: dict | None = None) -> Path:
-    """Write ``RUN/checkpoints/step_<step>`` atomically; ``config`` is stored beside it."""
+                    config: dict | None = None, ema=None) -> Path:
+    """Write ``RUN/checkpoints/step_<step>`` atomically; ``config`` is stored beside it, and
+    ``ema`` (a :class:`~dlmkit.train.ema.WeightAverage`) with the model."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:07d}"
     tmp = root / f".tmp_step_{step:07d}"
@@ -91,15 +98,15 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, world
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier(world)
-        state = _model_optimizer_state(model, optimizer, world)
+        state = _model_optimizer_state(model, optimizer, world, ema)
         if world.distributed:
             import torch.distributed.checkpoint as dcp
 
             dcp.save(state, checkpoint_id=str(tmp / "state"))
         else:
             torch.save(state, tmp / "state.pt")
-        torch.save({"step": step, "scheduler": scheduler.state_dict(), "rng": _rng_state()},
-                   tmp / f"trainer_rank{world.rank}.pt")
+        torch.save({"step": step, "scheduler": scheduler.state_dict(), "rng": _rng_state(),
+                    "ema": ema is not None}, tmp / f"trainer_rank{world.rank}.pt")
         barrier(world)
         if world.is_main:
             if config is not None:
@@ -217,15 +224,19 @@ def _load(file: Path, **kwargs):
                               f"directory to resume from the one before") from err
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, world: World) -> int:
-    """Restore everything; returns the step to continue from."""
+def load_checkpoint(path: Path, model, optimizer, scheduler, world: World, ema=None) -> int:
+    """Restore everything; returns the step to continue from. With ``ema``, its average is
+    restored too, or restarted from the restored weights when the checkpoint has none (a run
+    that turned ``train.ema_decay`` on at a resume, with ``--allow-config-change``)."""
     path = Path(path)
+    trainer = _load(path / f"trainer_rank{world.rank}.pt")
+    saved_ema = ema is not None and bool(trainer.get("ema", False))
     try:
         if world.distributed:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
-            state = _model_optimizer_state(model, optimizer, world)
+            state = _model_optimizer_state(model, optimizer, world, ema if saved_ema else None)
             dcp.load(state, checkpoint_id=str(path / "state"))
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"])
@@ -233,6 +244,10 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, world: World) -> in
             state = _load(path / "state.pt")
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+        if saved_ema:
+            ema.load_state_dict(state["ema"])
+        elif ema is not None:
+            ema.restart()
     except (RuntimeError, ValueError, KeyError) as err:
         if isinstance(err, CheckpointError):
             raise
@@ -240,7 +255,6 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, world: World) -> in
         detail = "; ".join(line.strip() for line in first[:3])
         raise CheckpointError(f"checkpoint {path} does not fit the model and optimizer of this "
                               f"config ({detail})") from err
-    trainer = _load(path / f"trainer_rank{world.rank}.pt")
     scheduler.load_state_dict(trainer["scheduler"])
     torch.set_rng_state(trainer["rng"]["torch"])
     if "cuda" in trainer["rng"] and torch.cuda.is_available():

@@ -37,6 +37,7 @@ from .budget import resolve_budget, resolve_warmup
 from .checkpoint import load_checkpoint, newest_complete_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
+from .ema import WeightAverage
 from .metrics import MetricsLog, plot_loss_curve
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress
@@ -505,11 +506,14 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
     model, optimizer, scheduler = c.model, c.optimizer, c.scheduler
 
+    # The weight average that validation and the exports use (train.ema_decay; off at 0).
+    ema = WeightAverage(model, t["ema_decay"]) if t["ema_decay"] else None
+    averaged = ema.applied if ema is not None else nullcontext
     start = 0
     if plan is not None:
         for line in plan.summary():
             messages.message(line)
-        start = load_checkpoint(plan.point.path, model, optimizer, scheduler, world)
+        start = load_checkpoint(plan.point.path, model, optimizer, scheduler, world, ema=ema)
         if start > t["steps"]:
             raise ConfigError(f"--resume: {plan.point.path} is at step {start}, beyond "
                               f"train.steps={t['steps']}; set train.steps >= {start}")
@@ -532,8 +536,9 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         hf_logging.disable_progress_bar()
 
     def export(name: str, meta: dict) -> Path:
-        return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
-                            name=name, meta=meta, pad_to=collator.pad_to)
+        with averaged():
+            return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
+                                name=name, meta=meta, pad_to=collator.pad_to)
 
     progress = Progress(enabled=world.is_main, show_steps=t["progress"], total=t["steps"],
                         initial=start, desc=f"train {strategy.name}")
@@ -542,6 +547,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     for step in range(start, t["steps"]):
         stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
                            sampler, config, world)
+        if ema is not None:
+            ema.update()
         window_tokens += stats["tokens"]
         done = status.step = step + 1
         if done % t["log_every"] == 0 or done == t["steps"]:
@@ -554,13 +561,15 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             window_tokens, window_start = 0, time.perf_counter()
             progress.logged(done, record)
         if val_set is not None and (done % t["val_every"] == 0 or done == t["steps"]):
-            val_loss = validate(model, strategy, val_set, collator, config, world)
+            with averaged():
+                val_loss = validate(model, strategy, val_set, collator, config, world)
             metrics.write({"split": "validation", "step": done, "loss": val_loss})
             progress.message(f"step {done}: validation loss {val_loss:.4f}")
             best.offer(done, val_loss, export)
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
         if done % t["save_every"] == 0 or done == t["steps"]:
-            save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config)
+            save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config,
+                            ema=ema)
         progress.advance()
     progress.close()
     final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
