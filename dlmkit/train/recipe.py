@@ -536,6 +536,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         hf_logging.disable_progress_bar()
 
     def export(name: str, meta: dict) -> Path:
+        if ema is not None:  # dlmkit.json says the weights are the average, and of what decay
+            meta = {**meta, "ema_decay": ema.decay}
         with averaged():
             return export_final(run_dir, model, tokenizer, config, strategy, world, train_set,
                                 name=name, meta=meta, pad_to=collator.pad_to)

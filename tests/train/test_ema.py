@@ -3,6 +3,8 @@ validation and exports use it, training does not, and a resume continues it bit 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -89,6 +91,8 @@ def test_validation_and_final_use_the_average_and_resume_continues_it(tmp_path):
     assert set(exported) <= set(shadow)
     assert all(torch.equal(exported[k], shadow[k]) for k in exported)
     assert not all(torch.equal(exported[k], state["model"][k]) for k in exported)
+    assert json.loads((averaged / "final" / "dlmkit.json").read_text())["ema_decay"] == 0.9
+    assert "ema_decay" not in json.loads((plain / "final" / "dlmkit.json").read_text())
     # As if it had crashed just after the step-4 checkpoint, resumed: the same validation
     # losses and final weights.
     copy_as_crashed_at(averaged, resumed, 4)
