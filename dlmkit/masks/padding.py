@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from .checks import check_valid
+from .checks import check_valid, mask_device
 from .core import Mask
 from .tiles import RowIntervals, intersect_intervals, union_intervals
 
@@ -91,7 +91,7 @@ def self_attention_mask(
     if valid is None:
         return Mask(base_rule, length, length, 1, intervals=base_intervals, name=name,
                     device=device)
-    device = valid.device if device is None else torch.device(device)
+    device = mask_device(device, valid)
     valid = valid.to(device)
     intervals = None
     if valid_runs(valid) is not None:
