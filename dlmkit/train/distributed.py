@@ -35,11 +35,11 @@ def init_world(device_spec: str = "auto") -> World:
         device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(device_spec)
-    if device.type == "cuda" and device.index is None:
-        # "cuda" means this process's GPU; torch.cuda.set_device rejects a device without an
-        # index on some torch versions (2.11), and under torchrun each rank has its own.
-        device = torch.device("cuda", local_rank)
     if device.type == "cuda":
+        if device.index is None:
+            # "cuda" means this process's GPU; torch.cuda.set_device rejects a device without
+            # an index on some torch versions (2.11), and under torchrun each rank has its own.
+            device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
