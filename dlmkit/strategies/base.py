@@ -64,6 +64,9 @@ class Strategy:
     # The warmup used when ``train.warmup_steps`` is not set: None = 10% of the steps
     # (dlmkit.train.budget.resolve_warmup).
     default_warmup_steps: int | None = None
+    # The weight average (dlmkit.train.ema) used when ``train.ema_decay`` is not set (0.0 =
+    # none).
+    default_ema_decay: float = 0.0
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
     # ELBOs), or None when the family cannot answer them.

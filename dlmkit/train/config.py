@@ -76,9 +76,11 @@ DEFAULTS: dict = {
                                   # fine-tuning a pretrained model usually wants 0.0-0.1
         "betas": [0.9, 0.98],
         "max_grad_norm": 1.0,
-        "ema_decay": 0.0,         # > 0: validation, best/, last/ and final/ use an exponential
+        "ema_decay": None,        # > 0: validation, best/, last/ and final/ use an exponential
                                   # moving average of the weights (dlmkit.train.ema); it spans
-                                  # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps
+                                  # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
+                                  # 0 = none; None = the strategy's default_ema_decay (0, or
+                                  # 0.999 for block_diffusion), written into config.yaml
         "autocast": "auto",       # auto (bf16 on CUDA, off on CPU) | bf16 | none
         "loss_chunk_size": None,
         "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)
@@ -302,9 +304,9 @@ def validate(config: dict) -> dict:
          f"train.autocast must be auto, bf16 or none, got {t['autocast']!r}")
     need(t["distributed"] in ("ddp", "fsdp2"),
          f"train.distributed must be ddp or fsdp2, got {t['distributed']!r}")
-    need(number(t["ema_decay"]) and 0 <= t["ema_decay"] < 1,
-         f"train.ema_decay must be a number in [0, 1) (0 = no weight average), got "
-         f"{t['ema_decay']!r}")
+    need(t["ema_decay"] is None or (number(t["ema_decay"]) and 0 <= t["ema_decay"] < 1),
+         f"train.ema_decay must be a number in [0, 1) (0 = no weight average) or null (the "
+         f"family's default), got {t['ema_decay']!r}")
     need(t["max_grad_norm"] is None or (number(t["max_grad_norm"]) and t["max_grad_norm"] > 0),
          f"train.max_grad_norm must be > 0 or null, got {t['max_grad_norm']!r}")
     need(t["loss_chunk_size"] is None or positive_int(t["loss_chunk_size"]),

@@ -378,7 +378,7 @@ class Components:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sampler: GlobalBatchSampler
     cap_reports: tuple = ()  # what ``data.truncation`` cut, per split (see truncation.py)
-    budget_report: tuple = ()  # how train.steps / warmup_steps were decided when unset (budget.py)
+    budget_report: tuple = ()  # how train.steps / warmup_steps / ema_decay were decided when unset
 
 
 def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
@@ -405,7 +405,8 @@ def build_components(config: dict, world: World) -> Components:
     Every input error surfaces here, before any training step. ``train.lr: null`` and the
     budget (``train.epochs``, or neither it nor ``train.steps`` set) are resolved in ``config``
     to the strategy's ``default_lr``, a step count (:func:`.budget.resolve_budget`) and a
-    warmup (:func:`.budget.resolve_warmup`), so the schedule is complete and the run's
+    warmup (:func:`.budget.resolve_warmup`) and ``train.ema_decay: null`` to the strategy's
+    ``default_ema_decay`` (:func:`resolve_ema`), so the schedule is complete and the run's
     config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
@@ -426,7 +427,8 @@ def build_components(config: dict, world: World) -> Components:
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
     budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
-                                            resolve_warmup(config, strategy)) if line)
+                                            resolve_warmup(config, strategy),
+                                            resolve_ema(config, strategy)) if line)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -583,6 +585,19 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def resolve_ema(config: dict, strategy) -> str | None:
+    """Write the strategy's ``default_ema_decay`` into ``config`` when ``train.ema_decay`` is
+    unset; a line saying so when that turns the weight average on, else None."""
+    t = config["train"]
+    if t["ema_decay"] is not None:
+        return None
+    t["ema_decay"] = float(strategy.default_ema_decay)
+    if not t["ema_decay"]:
+        return None
+    return (f"train.ema_decay={t['ema_decay']:g}: the {strategy.name} default (validation and "
+            "the exports use the weight average; set train.ema_decay=0 to turn it off)")
 
 
 def default_run_dir(config: dict) -> Path:

@@ -11,8 +11,10 @@ from safetensors.torch import load_file
 
 from dlmkit.cli import main
 from dlmkit.train import load_config
-from dlmkit.train.config import ConfigError
+from dlmkit.train.config import ConfigError, dump_yaml, load_yaml
 from dlmkit.train.ema import WeightAverage
+from dlmkit.train.recipe import resolve_ema
+from dlmkit.train.resume import plan_resume
 
 from .helpers import cli_args, copy_as_crashed_at, losses, overrides
 
@@ -72,6 +74,25 @@ def test_bad_decay_is_a_config_error(bad):
         load_config(None, overrides(f"train.ema_decay={bad}"))
 
 
+@pytest.mark.parametrize("strategy, extra, decay, said", [
+    ("block_diffusion", (), 0.999, "train.ema_decay=0.999: the block_diffusion default"),
+    ("block_diffusion", ("train.ema_decay=0",), 0.0, None),
+    ("mdlm", (), 0.0, None),
+    ("mdlm", ("train.ema_decay=0.99",), 0.99, None)])
+def test_an_unset_decay_is_the_familys_default(strategy, extra, decay, said):
+    """``train.ema_decay: null`` (the default) becomes the strategy's ``default_ema_decay``
+    (0.999 for block_diffusion, 0 = none for the others), said when it turns the average on;
+    a set value, 0 included, is kept."""
+    from dlmkit import strategies
+
+    cfg = load_config(None, [f"strategy.name={strategy}", *extra])
+    line = resolve_ema(cfg, strategies.get(strategy))
+    assert cfg["train"]["ema_decay"] == decay
+    assert (line is None) == (said is None)
+    if said is not None:
+        assert line.startswith(said) and "train.ema_decay=0 to turn it off" in line
+
+
 STEPS = ["train.steps=8", "train.save_every=4", "train.val_every=4", "train.final_model=last"]
 
 
@@ -113,3 +134,23 @@ def test_turning_the_average_on_at_a_resume_starts_it_from_the_restored_weights(
     state = torch.load(later / "checkpoints" / "step_0000008" / "state.pt", weights_only=False)
     assert int(state["ema"]["updates"]) == 4  # restarted at step 4, updated at steps 5-8
     assert losses(later) == losses(plain)
+
+
+def test_a_checkpoint_from_before_the_key_resumes_without_an_average(tmp_path):
+    """A checkpoint whose config.yaml has no ``train.ema_decay`` (written before it existed)
+    was trained without a weight average: resuming it must not turn on the family's default."""
+    plain, old = tmp_path / "plain", tmp_path / "old"
+    main(cli_args(plain, *STEPS))
+    copy_as_crashed_at(plain, old, 4)
+    saved = old / "checkpoints" / "step_0000004" / "config.yaml"
+    stored = load_yaml(saved.read_text())
+    del stored["train"]["ema_decay"]
+    saved.write_text(dump_yaml(stored))
+    manifest = saved.parent / "manifest.json"  # as that dlmkit would have written it
+    listed = json.loads(manifest.read_text())
+    listed["files"]["config.yaml"] = saved.stat().st_size
+    manifest.write_text(json.dumps(listed))
+    cfg = load_config(None, [*overrides(*STEPS), f"output_dir={old}"])
+    assert cfg["train"]["ema_decay"] is None  # unset now: would be the family's default
+    plan = plan_resume(cfg, explicit=[])
+    assert plan.config["train"]["ema_decay"] == 0.0 and not plan.forced
