@@ -243,10 +243,17 @@ def get_key(config: dict, dotted: str, default=None):
     return config
 
 
+# Keys whose default would change what a config written before they existed meant: such a
+# config gets the value it was run with instead. ``train.ema_decay``'s default (null = the
+# family's default_ema_decay) would turn a weight average on for a run trained without one.
+BEFORE_THEY_EXISTED: dict = {"train": {"ema_decay": 0.0}}
+
+
 def with_defaults(config: dict) -> dict:
     """``config`` merged onto the defaults: keys added to dlmkit since it was written get their
-    default values (unknown keys are errors, as in a config file)."""
-    return _merge(DEFAULTS, config)
+    default values, or the value they stand for in such a config (:data:`BEFORE_THEY_EXISTED`);
+    unknown keys are errors, as in a config file."""
+    return _merge(_merge(DEFAULTS, BEFORE_THEY_EXISTED), config)
 
 
 def dump_yaml(config: dict) -> str:

@@ -85,9 +85,6 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
         point.notes.append(f"{point.path} stores no config (older dlmkit); the config is not "
                            "checked against it")
         return ResumePlan(point, config)
-    # A checkpoint from before train.ema_decay existed was trained without a weight average;
-    # the key's default (null = the family's default) would silently turn one on.
-    stored = {**stored, "train": {"ema_decay": 0.0, **(stored.get("train") or {})}}
     try:  # keys added to dlmkit since the checkpoint was written take their defaults
         stored = with_defaults(stored)
     except ConfigError as err:
