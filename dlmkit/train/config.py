@@ -80,7 +80,7 @@ DEFAULTS: dict = {
                                   # moving average of the weights (dlmkit.train.ema); it spans
                                   # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
                                   # 0 = none; None = the strategy's default_ema_decay (0, or
-                                  # 0.999 for block_diffusion), written into config.yaml
+                                  # 0.999 for block_diffusion and scdd), written into config.yaml
         "autocast": "auto",       # auto (bf16 on CUDA, off on CPU) | bf16 | none
         "loss_chunk_size": None,
         "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)

@@ -1,7 +1,7 @@
 """An exponential moving average (EMA) of the trained weights, for validation and exports.
 
 With ``train.ema_decay = d > 0`` (unset: the strategy's ``default_ema_decay``, 0.999 for
-block_diffusion, else 0 = off) every optimizer step moves a shadow copy of each trainable
+block_diffusion and scdd, else 0 = off) every optimizer step moves a shadow copy of each trainable
 parameter towards it: ``shadow += (1 - r) * (param - shadow)`` with ``r = min(d, (1 + n) /
 (10 + n))`` after ``n`` earlier updates (the warm-up keeps an early average from remembering
 the random initialisation for ~1/(1 - d) steps). Validation, ``RUN/best``, ``RUN/last`` and

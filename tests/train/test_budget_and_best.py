@@ -32,14 +32,14 @@ def test_the_later_of_steps_and_epochs_decides():
 
 
 @pytest.mark.parametrize("name, extra, steps", [
-    ("mdlm", (), 6000), ("scdd", (), 6000), ("idlm", (), 6000),
+    ("mdlm", (), 6000), ("scdd", (), 10000), ("idlm", (), 6000),
     ("block_diffusion", (), 4000), ("ar", (), 3000), ("hybrid", (), 3000), ("bd3lm", (), 6000),
     ("dflash", (), 1200),
     ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
     """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm,
-    scdd, bd3lm and idlm, 3000 for ar and hybrid, 4000 for block_diffusion, see the README); an
-    explicit budget wins (1 epoch of 64 records, 8 a step)."""
+    bd3lm and idlm, 10000 for scdd, 3000 for ar and hybrid, 4000 for block_diffusion, see the
+    README); an explicit budget wins (1 epoch of 64 records, 8 a step)."""
     from dlmkit import strategies
     from dlmkit.train.budget import resolve_budget
 

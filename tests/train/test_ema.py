@@ -77,11 +77,12 @@ def test_bad_decay_is_a_config_error(bad):
 @pytest.mark.parametrize("strategy, extra, decay, said", [
     ("block_diffusion", (), 0.999, "train.ema_decay=0.999: the block_diffusion default"),
     ("block_diffusion", ("train.ema_decay=0",), 0.0, None),
+    ("scdd", (), 0.999, "train.ema_decay=0.999: the scdd default"),
     ("mdlm", (), 0.0, None),
     ("mdlm", ("train.ema_decay=0.99",), 0.99, None)])
 def test_an_unset_decay_is_the_familys_default(strategy, extra, decay, said):
     """``train.ema_decay: null`` (the default) becomes the strategy's ``default_ema_decay``
-    (0.999 for block_diffusion, 0 = none for the others), said when it turns the average on;
+    (0.999 for block_diffusion and scdd, 0 = none for the others), said when it turns the average on;
     a set value, 0 included, is kept."""
     from dlmkit import strategies
 
