@@ -82,8 +82,8 @@ def test_bad_decay_is_a_config_error(bad):
     ("mdlm", ("train.ema_decay=0.99",), 0.99, None)])
 def test_an_unset_decay_is_the_familys_default(strategy, extra, decay, said):
     """``train.ema_decay: null`` (the default) becomes the strategy's ``default_ema_decay``
-    (0.999 for block_diffusion and scdd, 0 = none for the others), said when it turns the average on;
-    a set value, 0 included, is kept."""
+    (0.999 for block_diffusion and scdd, 0 = none for the others), said when it turns the
+    average on; a set value, 0 included, is kept."""
     from dlmkit import strategies
 
     cfg = load_config(None, [f"strategy.name={strategy}", *extra])
