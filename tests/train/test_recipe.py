@@ -36,13 +36,13 @@ def test_each_strategy_trains_with_finite_loss(tmp_path, name):
 
 
 def test_the_learning_rate_is_the_familys_unless_set():
-    assert strategies.get("block_diffusion").default_lr == 1e-3  # measured: see the README
+    assert strategies.get("block_diffusion").default_lr == 1.5e-3  # measured: see the README
     assert strategies.get("hybrid").default_lr == 1e-3
     assert strategies.get("mdlm").default_lr == 1e-3
     assert strategies.get("scdd").default_lr == 1e-3
     assert strategies.get("bd3lm").default_lr == 1e-3
     assert strategies.get("idlm").default_lr == 3e-3
-    for extra, expected in (((), 1e-3), (("train.lr=5e-4",), 5e-4)):
+    for extra, expected in (((), 1.5e-3), (("train.lr=5e-4",), 5e-4)):
         c = build_components(config(*extra, strategy="block_diffusion"), CPU)
         assert [g["initial_lr"] for g in c.optimizer.param_groups] == [expected, expected]
 
