@@ -62,8 +62,8 @@ DEFAULTS: dict = {
         "global_batch_size": 64,
         "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
                                    # share); accumulation = global / (micro * world)
-        "lr": None,               # None = the strategy's default_lr (1e-3; idlm, ar and
-                                  # dflash 3e-3), written into config.yaml
+        "lr": None,               # None = the strategy's default_lr (1e-3; block_diffusion
+                                  # 1.5e-3; idlm, ar and dflash 3e-3), written into config.yaml
         "min_lr_ratio": 0.1,
         "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
                                   # default_warmup_steps (dlmkit.train.budget: 20 steps
