@@ -46,7 +46,8 @@ def add_parser(subparsers) -> None:
                              "RUN/config_changes.jsonl)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config (with the strategy's options) and "
-                             "every strategy's options with their defaults, then exit")
+                             "every strategy's options and training defaults (lr, steps, warmup, "
+                             "weight average), then exit")
     parser.set_defaults(func=run_train)
 
 
@@ -72,7 +73,22 @@ def print_config(config: dict) -> None:
         defaults = strategies.get(name).options
         listed = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "(no options)"
         lines.append(f"#   {name}: {listed}")
+    lines += ["", "# Every strategy's training defaults (what an unset train.<key> resolves to;",
+              "# the run's config.yaml records the value used):"]
+    lines += [f"#   {name}: {training_defaults(strategies.get(name))}"
+              for name in strategies.names()]
     print("\n".join(lines))
+
+
+def training_defaults(cls) -> str:
+    """One family's ``default_lr`` / ``default_steps`` / warmup / ``default_ema_decay`` as the
+    train keys they fill in: the one place a user reads them, so no comment restates them."""
+    from dlmkit.train.budget import WARMUP_FRACTION
+
+    warmup = (cls.default_warmup_steps if cls.default_warmup_steps is not None
+              else f"{WARMUP_FRACTION:.0%} of steps")
+    return (f"lr={cls.default_lr:g}, steps={cls.default_steps}, warmup_steps={warmup}, "
+            f"ema_decay={cls.default_ema_decay:g}")
 
 
 def _interrupted_message(err, args) -> str:

@@ -9,10 +9,11 @@ the same way). In the config file and ``--set`` the later of the two wins
 (``--set train.epochs=3`` over a file with ``steps: 400``); both in one place is an error.
 
 The learning-rate warmup follows the budget: ``train.warmup_steps: null`` (the default) is
-``WARMUP_FRACTION`` of the resolved steps (or the strategy's ``default_warmup_steps``: 20 for
-block_diffusion, whose lr is 1e-3), recorded the same way. On the suite's ``arith`` task
-(tests/suite, README) ar at lr 3e-3 with 20 warmup steps collapsed its answer queries'
-attention (81.5% exact match at 3000 steps); 300 (10%) gave 92.0 / 92.0 / 90.0% (seeds 0-2).
+``WARMUP_FRACTION`` of the resolved steps (or the strategy's ``default_warmup_steps``;
+``dlmkit train --print-config`` lists every family's), recorded the same way. On the suite's
+``arith`` task (tests/suite, README) ar at lr 3e-3 with 20 warmup steps collapsed its answer
+queries' attention (81.5% exact match at 3000 steps); 300 (10%) gave 92.0 / 92.0 / 90.0%
+(seeds 0-2).
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ DEFAULTS: dict = {
     "strategy": {"name": "bd3lm"},
     "train": {
         # None (and no epochs) = the strategy's default_steps, what the user-like suite
-        # tests/suite needs (the bundled task needs only 400: `make demo`; bd3lm, mdlm, scdd
-        # and idlm 6000, ar and hybrid 3000, block_diffusion 4000, dflash 1200: see each
-        # strategy and the README's table). Written into config.yaml.
+        # tests/suite needs (the bundled task needs only 400: `make demo`). Every family's
+        # training defaults: `dlmkit train --print-config`; the measurements behind them:
+        # each strategy and the README's tables. Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
         "epochs": None,           # passes over the training records; when set it decides the
@@ -62,8 +62,7 @@ DEFAULTS: dict = {
         "global_batch_size": 64,
         "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
                                    # share); accumulation = global / (micro * world)
-        "lr": None,               # None = the strategy's default_lr (1e-3; block_diffusion
-                                  # 1.5e-3; idlm, ar and dflash 3e-3), written into config.yaml
+        "lr": None,               # None = the strategy's default_lr, written into config.yaml
         "min_lr_ratio": 0.1,
         "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
                                   # default_warmup_steps (dlmkit.train.budget: 20 steps
@@ -79,8 +78,8 @@ DEFAULTS: dict = {
         "ema_decay": None,        # > 0: validation, best/, last/ and final/ use an exponential
                                   # moving average of the weights (dlmkit.train.ema); it spans
                                   # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
-                                  # 0 = none; None = the strategy's default_ema_decay (0, or
-                                  # 0.999 for block_diffusion and scdd), written into config.yaml
+                                  # 0 = none; None = the strategy's default_ema_decay,
+                                  # written into config.yaml
         "autocast": "auto",       # auto (bf16 on CUDA, off on CPU) | bf16 | none
         "loss_chunk_size": None,
         "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)

@@ -1,14 +1,15 @@
 """An exponential moving average (EMA) of the trained weights, for validation and exports.
 
-With ``train.ema_decay = d > 0`` (unset: the strategy's ``default_ema_decay``, 0.999 for
-block_diffusion and scdd, else 0 = off) every optimizer step moves a shadow copy of each trainable
-parameter towards it: ``shadow += (1 - r) * (param - shadow)`` with ``r = min(d, (1 + n) /
-(10 + n))`` after ``n`` earlier updates (the warm-up keeps an early average from remembering
-the random initialisation for ~1/(1 - d) steps). Validation, ``RUN/best``, ``RUN/last`` and
-``RUN/final`` use the shadow weights, so ``final/`` is the best *averaged* model; training
-itself always steps the raw weights. Checkpoints hold both, so a resume continues the same
-average bit for bit. The MDLM and BD3-LM recipes average with 0.9999 over ~1M steps; the
-average spans ~1/(1 - d) steps, so short runs want less (0.999 over a few thousand).
+With ``train.ema_decay = d > 0`` (unset: the strategy's ``default_ema_decay``, listed by
+``dlmkit train --print-config``; 0 = off) every optimizer step moves a shadow copy of each
+trainable parameter towards it: ``shadow += (1 - r) * (param - shadow)`` with ``r = min(d,
+(1 + n) / (10 + n))`` after ``n`` earlier updates (the warm-up keeps an early average from
+remembering the random initialisation for ~1/(1 - d) steps). Validation, ``RUN/best``,
+``RUN/last`` and ``RUN/final`` use the shadow weights, so ``final/`` is the best *averaged*
+model; training itself always steps the raw weights. Checkpoints hold both, so a resume
+continues the same average bit for bit. The MDLM and BD3-LM recipes average with 0.9999 over
+~1M steps; the average spans ~1/(1 - d) steps, so short runs want less (0.999 over a few
+thousand).
 
 Works per parameter with in-place ``lerp_``/``copy_``, which DDP's plain tensors and FSDP2's
 sharded DTensors both support: each rank averages its own shard.

@@ -37,9 +37,9 @@ def test_the_later_of_steps_and_epochs_decides():
     ("dflash", (), 1200),
     ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
-    """Neither train.steps nor train.epochs set: the strategy's default_steps (6000 for mdlm,
-    bd3lm and idlm, 10000 for scdd, 3000 for ar and hybrid, 4000 for block_diffusion, see the
-    README); an explicit budget wins (1 epoch of 64 records, 8 a step)."""
+    """Neither train.steps nor train.epochs set: the strategy's default_steps (the measured
+    values of the README's tables); an explicit budget wins (1 epoch of 64 records, 8 a
+    step)."""
     from dlmkit import strategies
     from dlmkit.train.budget import resolve_budget
 
