@@ -1,7 +1,7 @@
 """Train one family on one suite task with the documented defaults and score it.
 
-    python tests/suite/run.py FAMILY TASK [--tokenizer byte|bpe] [--out DIR] [--set k=v ...]
-                              [--decode k=v ...] [--record NAME]
+    python tests/suite/run.py FAMILY TASK [--tokenizer byte|bpe] [--out DIR] [--overwrite]
+                              [--set k=v ...] [--decode k=v ...] [--record NAME]
     python tests/suite/run.py FAMILY TASK --score-only RUN [--decode k=v ...]
 
 Only the data files (and the tokenizer) are set, as a new user would; ``--set`` adds config
@@ -9,14 +9,14 @@ overrides (for controls), ``--decode`` sampler options for scoring (e.g. ``block
 Prints one JSON line: family, task, tokenizer, steps, the last and best validation loss, exact
 match of ``final/`` on the test split (last assistant turn, every earlier turn given as
 written) and the wall time of training and of scoring; ``--record NAME`` also appends it, as
-run ``NAME``, to ``docs/results/suite.jsonl``.
+run ``NAME``, to ``docs/results/suite.jsonl``. An existing run directory is replaced only with
+``--overwrite`` (as ``dlmkit train``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,13 +47,23 @@ def score(model_dir: Path, test_file: Path, **sampler_options) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    from dlmkit import strategies
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("family")
+    parser.add_argument("family", choices=strategies.names())
     parser.add_argument("task", choices=suite.TASKS)
-    parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
-    parser.add_argument("--data", type=Path, default=HERE / "data")
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte",
+                        help="byte (default) or the suite's 384-token BPE")
+    parser.add_argument("--data", type=Path, default=HERE / "data",
+                        help="the suite's data directory (written by generate.py when missing; "
+                             "default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="run directory (default: runs/suite-FAMILY-TASK-TOKENIZER)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing run directory (deleted first)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.SUB=VALUE",
+                        help="a config override, as dlmkit train --set (for controls)")
     parser.add_argument("--decode", action="append", default=[], metavar="K=V",
                         help="a sampler option for scoring (value read as --set reads it), "
                              "e.g. block_size=1")
@@ -82,10 +92,11 @@ def main(argv: list[str]) -> int:
         f"data.validation_files=[{data / 'validation.jsonl'}]",
         f"data.tokenizer={tokenizer}", f"output_dir={out}", "train.progress=false",
         *args.overrides])
-    if out.exists():  # this script's own output directory: a rerun replaces it
-        shutil.rmtree(out)
     start = time.perf_counter()
-    run(config)
+    try:
+        run(config, overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError) as err:  # e.g. an existing run without --overwrite
+        parser.exit(2, f"error: {err}\n")
     train_s = time.perf_counter() - start
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r["loss"] for r in records if r["split"] == "validation"]

@@ -98,3 +98,23 @@ def test_the_runner_reads_sampler_options_as_set_reads_values():
         == {"block_size": 1, "remasking": "margin", "threshold": 0.9}
     with pytest.raises(SystemExit):  # argparse's error: "--decode takes K=V, got 'steps'"
         run.sampler_options(parser, ["steps"])
+
+
+def test_the_runner_replaces_an_existing_run_only_with_overwrite(tmp_path, capsys):
+    """It once deleted whatever ``--out`` named before training; now an existing directory is
+    an error (nothing deleted) unless ``--overwrite``, and a directory that holds no dlmkit run
+    is never cleared."""
+    from . import run
+
+    data = tmp_path / "data"
+    suite.main([str(data)])
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("a user's file")
+    argv = ["ar", "arith", "--data", str(data), "--out", str(out), "--set", "train.steps=1"]
+    for extra in ([], ["--overwrite"]):
+        with pytest.raises(SystemExit) as stopped:
+            run.main([*argv, *extra])
+        assert stopped.value.code == 2
+        assert "holds no dlmkit run" in capsys.readouterr().err
+        assert (out / "notes.txt").read_text() == "a user's file"
