@@ -73,7 +73,7 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--revise", action=argparse.BooleanOptionalAction,
                        help="scdd: run SCDD's self-correcting reverse process (revise visible "
                             "tokens, final argmax pass); default: off, committed tokens stay "
-                            "(decodes the suite's tasks better; see the README)")
+                            "(decodes the suite's tasks better; see docs/suite.md)")
     group.add_argument("--entropy-bound", type=float,
                        help="block_diffusion: entropy-bound commit rule (transformers' "
                             "DiffusionGemma sampler; default: off, use --remasking)")

@@ -19,7 +19,7 @@ class ARStrategy(Strategy):
     likelihood = "causal"
     options: dict = {}
     # tests/suite `arith` at 3000 steps: 90.0% exact match (lookup/transform 100%, chat 99.0%);
-    # like idlm's clean stream, the sums are learned late (README; 1200-step control there).
+    # like idlm's clean stream, the sums are learned late (docs/suite.md; 1200-step control there).
     default_steps = 3000
 
     def prepare(self, batch, generators):

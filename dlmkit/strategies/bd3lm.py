@@ -15,13 +15,13 @@ class BD3LMStrategy(TwoStreamStrategy):
     # Per-block mask probability in [t_min, t_max), stratified over the global batch. The
     # clipped t_min bounds the 1/p weights: on the multi-turn suite task t_min 1e-3 / 0.2 /
     # 0.5 gave 11% / 67% / 81% exact match at 400 x 32, and 0.2 gave 93.5% with the default
-    # 400 x 64 (README, tests/suite); 0.5 is not measured at that budget yet.
+    # 400 x 64 (tests/suite, docs/suite.md); 0.5 is not measured at that budget yet.
     options = {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified"}
     mask_factory = staticmethod(block_diffusion)
     # The suite's `arith` (digit sums) is learned slowly and only at the lower rate: 1200 steps
     # at lr 3e-3 (the Strategy default) 8.0% exact match, 3000 steps at 3e-3 11.0%; at lr 1e-3
     # (10% warmup) 3000 steps 71.5%, 6000 steps 92.5%. At 6000 / 1e-3 `lookup` / `transform` /
-    # `chat` give 100.0 / 100.0 / 100.0% (100.0 / 100.0 / 98.0% at 1200 / 3e-3; README).
+    # `chat` give 100.0 / 100.0 / 100.0% (100.0 / 100.0 / 98.0% at 1200 / 3e-3; docs/suite.md).
     default_lr = 1.0e-3
     default_steps = 6000
 

@@ -26,7 +26,7 @@ class HybridStrategy(TwoStreamStrategy):
     # tests/suite `arith` (10% warmup): 8.0% at the common 1200 steps and lr 3e-3, 18.5% at
     # 3000 steps, 14.0% at lr 1e-3, 91.5% with both (decoded in AR mode, its causal stream
     # got 23.0% at 3000 steps and 3e-3, where ar alone gets 92%); the other tasks stay >= 99%
-    # there (README).
+    # there (docs/suite.md).
     default_lr = 1.0e-3
     default_steps = 3000
 

@@ -25,14 +25,14 @@ class SCDDStrategy(MDLMStrategy):
     # As mdlm (one bidirectional canvas): tests/suite 3000 -> 6000 steps, `lookup` 73.5% ->
     # 99.5%, `chat` 75.0% -> 99.5%; 6000 -> 10000 with the weight average below, BPE
     # `transform` 80.0% -> 91.5% (10000 steps alone 88.0%, the average alone 83.0%), byte
-    # `arith` 90.5% -> 95.0% (README).
+    # `arith` 90.5% -> 95.0% (docs/suite.md).
     default_steps = 10000
     # A weight average over ~1000 steps: with the longer budget, every suite cell tried kept or
-    # gained exact match (the two lookup cells were at 100% already; README).
+    # gained exact match (the two lookup cells were at 100% already; docs/suite.md).
     default_ema_decay = 0.999
     # mdlm's 1e-3 (inherited, stated for the record): tests/suite at 6000 steps, lr 3e-3 -> 1e-3
     # (decoded with committed tokens kept, the sampler's default): `lookup` -> 100.0%,
-    # `transform` 92.0% -> 98.5%, `arith` 42.0% -> 93.5%, `chat` -> 98.5% (README).
+    # `transform` 92.0% -> 98.5%, `arith` 42.0% -> 93.5%, `chat` -> 98.5% (docs/suite.md).
     default_lr = 1.0e-3
 
     @classmethod
