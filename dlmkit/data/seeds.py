@@ -39,6 +39,7 @@ _MASK = (1 << _BITS) - 1
 _MAX_STEP = 1 << 62  # training steps live below this; validation uses a value above
 _VALIDATION_STEP = _MAX_STEP | 0x5EED_0F_7A11D
 _DECODE_STEP = _MAX_STEP | 0xDEC0DE  # sampling seeds: outside training and validation too
+_SPLIT_STREAM = 0x5B11_7000_C0DE  # token splitting draws from a stream of its own
 
 
 def _mix(x: int) -> int:
@@ -117,6 +118,17 @@ def document_indices(batch: Mapping[str, torch.Tensor]) -> list[int]:
     if docs is None:
         return [int(i) for i in batch["sample_index"].tolist()]
     return [int(i) for i in docs[docs >= 0].tolist()]
+
+
+def split_generators(
+    seed: int, step: int, draws: Iterable[tuple[int, int]], device: torch.device | str = "cpu"
+) -> list[torch.Generator]:
+    """One ``torch.Generator`` per ``(sample_index, repeat)`` draw for the token splitting of
+    :mod:`dlmkit.data.split_tokens`: a function of ``(seed, step, sample, repeat)`` like the
+    noise, but a stream of its own, so turning splitting on leaves every noise draw as it
+    was."""
+    return _generators((_mix(sample_seed(seed, step, int(i), int(r)) ^ _SPLIT_STREAM)
+                        for i, r in draws), device)
 
 
 def document_generators(

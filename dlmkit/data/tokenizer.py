@@ -94,6 +94,15 @@ class Tokenizer:
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         raise NotImplementedError
 
+    def pieces(self) -> dict[int, str]:
+        """The ordinary vocabulary by id, in the tokenizer's own spelling, where a piece that is
+        two others written one after the other means exactly those two (special and added
+        tokens left out). Used to split training tokens (:mod:`dlmkit.data.split_tokens`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not list its pieces, so data.split_tokens cannot "
+            "split its tokens"
+        )
+
     def _render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool):
         """Render a conversation to a ``str`` or a ``list[int]`` (whatever
         :meth:`_tokenize_piece` accepts); rendering must be prefix-stable."""
@@ -252,6 +261,10 @@ class ByteTokenizer(Tokenizer):
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(self._special.values())
 
+    def pieces(self) -> dict[int, str]:
+        """One byte per piece (as the character with that code): nothing splits."""
+        return {b: chr(b) for b in range(256)}
+
     def token_to_id(self, token: str) -> int:
         """Id of a special token such as ``"<|user|>"``."""
         if token not in self._special:
@@ -408,6 +421,12 @@ class HFTokenizer(Tokenizer):
     @property
     def special_token_ids(self) -> frozenset[int]:
         return frozenset(int(i) for i in self.hf.all_special_ids) | super().special_token_ids
+
+    def pieces(self) -> dict[int, str]:
+        """The vocabulary's own strings (byte-level BPE: one character per byte; SentencePiece:
+        ``▁`` for a space), which concatenate as the text they stand for."""
+        left_out = set(self.special_token_ids) | {int(i) for i in self.hf.added_tokens_decoder}
+        return {int(i): s for s, i in self.hf.get_vocab().items() if int(i) not in left_out}
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):

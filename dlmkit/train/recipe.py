@@ -28,8 +28,9 @@ from dlmkit.data import (
     eval_batches,
     load_tokenizer,
 )
-from dlmkit.data.seeds import document_generators
+from dlmkit.data.seeds import document_generators, split_generators
 from dlmkit.data.slots import doc_slots
+from dlmkit.data.split_tokens import piece_splits, split_sample
 from dlmkit.models import resolve_attention
 
 from .best import BestModel
@@ -147,7 +148,11 @@ def prepare_micro_batches(step, strategy, dataset, collator, sampler, config,
     for indices, repeats, first_slot in zip(sampler.micro_batches(step),
                                             sampler.micro_batch_repeats(step),
                                             sampler.micro_batch_slots()):
-        batch = to_device(collator([dataset[i] for i in indices]), device)
+        samples = [dataset[i] for i in indices]
+        if config["data"]["split_tokens"]:
+            samples = split_training_tokens(samples, indices, repeats, step, dataset.tokenizer,
+                                            collator, config)
+        batch = to_device(collator(samples), device)
         # Each document's slot in the global batch: stratified noise levels (timesteps.py).
         batch["doc_slot"] = doc_slots(batch["doc_sample_index"], indices, first_slot)
         batch["num_slots"] = sampler.global_batch_size
@@ -157,6 +162,18 @@ def prepare_micro_batches(step, strategy, dataset, collator, sampler, config,
                                          list(zip(indices, repeats)), device)
         prepared.append(strategy.prepare(batch, generators))
     return prepared
+
+
+def split_training_tokens(samples, indices, repeats, step, tokenizer, collator,
+                          config) -> list[dict]:
+    """``data.split_tokens`` applied to a micro-batch's samples (see
+    :mod:`dlmkit.data.split_tokens`): each sample draws from its own ``(seed, step, sample,
+    repeat)`` stream and grows at most to the row length (``pad_to``) or the length cap."""
+    limit = collator.pad_to or collator.max_seq_len
+    generators = split_generators(config["seed"], step, zip(indices, repeats))
+    splits = piece_splits(tokenizer)
+    return [split_sample(s, splits, config["data"]["split_tokens"], g, limit)
+            for s, g in zip(samples, generators)]
 
 
 def accumulate_gradients(step, model, strategy, dataset, collator, sampler, config,
@@ -417,6 +434,10 @@ def build_components(config: dict, world: World) -> Components:
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
                             loss_chunk_size=t["loss_chunk_size"])
+    if d["split_tokens"] and not len(piece_splits(tokenizer)):
+        raise ConfigError(f"data.split_tokens={d['split_tokens']} would do nothing: no piece of "
+                          f"tokenizer {d['tokenizer']!r} is two others written together (the "
+                          "byte tokenizer has one byte per piece); set it to 0 or use a BPE")
     collator = build_collator(config, tokenizer, strategy)
     train_set, val_set, cap_reports = apply_length_cap_policy(
         *build_datasets(config, tokenizer), collator.max_seq_len, config)
