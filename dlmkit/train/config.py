@@ -32,10 +32,11 @@ DEFAULTS: dict = {
         "supervise_padding": None,  # score the padding after a sample (None = the strategy's
                                     # choice: true for mdlm/scdd, false otherwise)
         "pack": False,
-        # Split this share of the training tokens into two vocabulary pieces that spell them
-        # (recursively; BPE only; see dlmkit.data.split_tokens): teaches a BPE model the
-        # spelling of its pieces. 0 = the tokenizer's own segmentation.
+        # Split this share of the training prompts' tokens into two vocabulary pieces that
+        # spell them (recursively; BPE only; see dlmkit.data.split_tokens): shows a BPE model
+        # the spelling of its pieces. 0 = the tokenizer's own segmentation.
         "split_tokens": 0.0,
+        "split_responses": False,  # split the supervised tokens too (else the prompt's only)
         # A record longer than max_seq_len is cut. error: a record left with no supervised
         # token is an error; drop: records longer than the cap are left out; truncate: every
         # record is cut and kept (see dlmkit.train.truncation). Counts are reported either way.
@@ -290,6 +291,8 @@ def validate(config: dict) -> dict:
          f"train.final_model must be one of {', '.join(FINAL_MODELS)}, got {t['final_model']!r}")
     need(number(d["split_tokens"]) and 0 <= d["split_tokens"] <= 1,
          f"data.split_tokens must be a number in [0, 1] (0 = off), got {d['split_tokens']!r}")
+    need(isinstance(d["split_responses"], bool),
+         f"data.split_responses must be true or false, got {d['split_responses']!r}")
     need(t["steps"] is None or positive_int(t["steps"]),
          f"train.steps must be a positive int, got {t['steps']!r} (or null: the strategy's "
          "default_steps, or train.epochs when set)")

@@ -172,7 +172,8 @@ def split_training_tokens(samples, indices, repeats, step, tokenizer, collator,
     limit = collator.pad_to or collator.max_seq_len
     generators = split_generators(config["seed"], step, zip(indices, repeats))
     splits = piece_splits(tokenizer)
-    return [split_sample(s, splits, config["data"]["split_tokens"], g, limit)
+    d = config["data"]
+    return [split_sample(s, splits, d["split_tokens"], g, limit, d["split_responses"])
             for s, g in zip(samples, generators)]
 
 

@@ -43,6 +43,13 @@ def test_probability_one_spells_every_piece_out_and_each_piece_keeps_its_mask():
     assert out["sample_index"] == 7 and out["input_ids"].dtype == torch.long
 
 
+def test_without_supervised_only_the_prompt_splits():
+    s = sample([3, 2, 3, 2], mask=[0, 0, 1, 1])
+    out = split_sample(s, PieceSplits(PIECES), 1.0, gen(), supervised=False)
+    assert out["input_ids"].tolist() == [0, 1, 1, 0, 1, 3, 2]
+    assert out["loss_mask"].tolist() == [0, 0, 0, 0, 0, 1, 1]
+
+
 def test_probability_zero_and_unsplittable_pieces_leave_the_sample_as_it_is():
     s = sample([3, 6, 5, 2])
     assert split_sample(s, PieceSplits(PIECES), 0.0, gen())["input_ids"].tolist() == [3, 6, 5, 2]
@@ -116,3 +123,11 @@ def test_the_config_rejects_a_share_outside_zero_to_one(bad):
     with pytest.raises(ConfigError, match=r"data.split_tokens must be a number in \[0, 1\]"):
         load_config(None, [f"data.split_tokens={bad!r}" if isinstance(bad, str)
                            else f"data.split_tokens={str(bad).lower()}"])
+
+
+def test_the_config_rejects_a_split_responses_that_is_not_a_bool():
+    from dlmkit.train import load_config
+    from dlmkit.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.split_responses must be true or false"):
+        load_config(None, ["data.split_responses=1"])

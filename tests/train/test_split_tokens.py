@@ -42,12 +42,11 @@ def bpe(root, *extra):
             f"data.validation_files=[{root / 'validation.jsonl'}]", *extra)
 
 
-def rows(root, share, step=0, strategy="mdlm"):
-    c = build_components(config(*bpe(root, f"data.split_tokens={share}"), strategy=strategy),
-                         CPU)
+def rows(root, share, step=0, strategy="mdlm", responses=True):
+    items = bpe(root, f"data.split_tokens={share}", f"data.split_responses={str(responses)}")
+    c = build_components(config(*items, strategy=strategy), CPU)
     (batch,) = prepare_micro_batches(step, c.strategy, c.train_set, c.collator, c.sampler,
-                                     config(*bpe(root, f"data.split_tokens={share}"),
-                                            strategy=strategy), CPU.device)
+                                     config(*items, strategy=strategy), CPU.device)
     return c, batch
 
 
@@ -63,6 +62,13 @@ def content_tokens(c, batch) -> int:
     return int(((ids != c.tokenizer.pad_token_id) & (ids != c.tokenizer.eos_token_id)).sum())
 
 
+def supervised(c, batch) -> list[list[int]]:
+    """Each row's supervised tokens, block fill and padding left out."""
+    fill = (c.tokenizer.pad_token_id, c.tokenizer.eos_token_id)
+    return [[int(t) for t, m in zip(ids, mask) if m and int(t) not in fill]
+            for ids, mask in zip(batch["target_ids"], batch["loss_mask"])]
+
+
 def test_splitting_keeps_every_row_text_and_is_a_function_of_the_step(bpe_data):
     c, plain = rows(bpe_data, 0.0)
     _, split = rows(bpe_data, 0.5)
@@ -74,6 +80,14 @@ def test_splitting_keeps_every_row_text_and_is_a_function_of_the_step(bpe_data):
     assert content_tokens(c, split) > content_tokens(c, plain)  # the same text, cut finer
     _, plain_later = rows(bpe_data, 0.0, step=1)
     assert texts(c, later) == texts(c, plain_later)
+
+
+def test_by_default_the_responses_keep_their_segmentation(bpe_data):
+    c, plain = rows(bpe_data, 0.0, strategy="bd3lm")
+    _, split = rows(bpe_data, 1.0, strategy="bd3lm", responses=False)
+    assert texts(c, split) == texts(c, plain)
+    assert supervised(c, split) == supervised(c, plain)  # prompts cut finer, answers not
+    assert content_tokens(c, split) > content_tokens(c, plain)
 
 
 def test_a_fixed_row_length_bounds_the_growth(bpe_data):
