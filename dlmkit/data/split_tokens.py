@@ -16,11 +16,12 @@ segmentation unless ``data.split_responses`` is set (each piece then keeps its t
 ``loss_mask``): a diffusion model predicts many positions at once, and an answer that may be
 spelled in several ways gives each position several right tokens, which parallel decoding
 mixes: scdd with responses split at 0.1 got 39 of 58 ``double`` problems of the suite's BPE
-``transform`` right, where every run scored without splitting got 52-56 (docs/suite.md). The draws come from :func:`~dlmkit.data.seeds.split_generators`, a function of
-``(seed, step, sample, repeat)``, so a run is reproducible and resumes exactly. A sample may
-grow to ``limit`` tokens (the collator's row length or length cap) and no further: splits
-beyond it are dropped at random, so splitting never truncates what was kept before.
-Validation and sampling use the tokenizer's own segmentation.
+``transform`` right, where every run scored without splitting got 52-56 (docs/suite.md). The
+draws come from :func:`~dlmkit.data.seeds.split_generators`, a function of ``(seed, step,
+sample, repeat)``, so a run is reproducible and resumes exactly. A sample may grow to ``limit``
+tokens (the collator's row length or length cap) and no further: splits beyond it are dropped
+at random, so splitting never truncates what was kept before. Validation and sampling use the
+tokenizer's own segmentation.
 """
 
 from __future__ import annotations
