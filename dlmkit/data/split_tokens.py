@@ -27,6 +27,7 @@ tokenizer's own segmentation.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,7 +73,7 @@ def split_sample(sample: Mapping[str, Any], splits: PieceSplits, probability: fl
     supervised tokens too (False: only those with ``loss_mask`` 0, the prompt's)."""
     ids = [int(t) for t in sample["input_ids"].tolist()]
     mask = [int(m) for m in sample["loss_mask"].tolist()]
-    budget = len(ids) + 1 if limit is None else limit - len(ids)  # each split adds one
+    budget = math.inf if limit is None else limit - len(ids)  # each split adds one token
     fresh = list(range(len(ids)))  # positions that may split this round
     while fresh and budget > 0:
         draws = torch.rand(len(fresh), generator=generator).tolist()
@@ -96,7 +97,7 @@ def split_sample(sample: Mapping[str, Any], splits: PieceSplits, probability: fl
             else:
                 new_ids.append(token)
                 new_mask.append(m)
-        budget = budget - len(chosen) if limit is not None else len(new_ids) + 1
+        budget -= len(chosen)
         ids, mask = new_ids, new_mask
     out = dict(sample)
     out["input_ids"] = torch.tensor(ids, dtype=torch.long)
