@@ -293,6 +293,9 @@ def validate(config: dict) -> dict:
          f"data.split_tokens must be a number in [0, 1] (0 = off), got {d['split_tokens']!r}")
     need(isinstance(d["split_responses"], bool),
          f"data.split_responses must be true or false, got {d['split_responses']!r}")
+    need(not d["split_responses"] or d["split_tokens"],
+         "data.split_responses: true does nothing while data.split_tokens is 0; set "
+         "data.split_tokens to the share of tokens to split")
     need(t["steps"] is None or positive_int(t["steps"]),
          f"train.steps must be a positive int, got {t['steps']!r} (or null: the strategy's "
          "default_steps, or train.epochs when set)")

@@ -131,3 +131,7 @@ def test_the_config_rejects_a_split_responses_that_is_not_a_bool():
 
     with pytest.raises(ConfigError, match="data.split_responses must be true or false"):
         load_config(None, ["data.split_responses=1"])
+    with pytest.raises(ConfigError, match="split_responses: true does nothing while data.split"):
+        load_config(None, ["data.split_responses=true"])
+    assert load_config(None, ["data.split_responses=true", "data.split_tokens=0.2"])["data"][
+        "split_responses"] is True
