@@ -78,11 +78,12 @@ def test_bad_decay_is_a_config_error(bad):
     ("block_diffusion", (), 0.999, "train.ema_decay=0.999: the block_diffusion default"),
     ("block_diffusion", ("train.ema_decay=0",), 0.0, None),
     ("scdd", (), 0.999, "train.ema_decay=0.999: the scdd default"),
+    ("bd3lm", (), 0.999, "train.ema_decay=0.999: the bd3lm default"),
     ("mdlm", (), 0.0, None),
     ("mdlm", ("train.ema_decay=0.99",), 0.99, None)])
 def test_an_unset_decay_is_the_familys_default(strategy, extra, decay, said):
     """``train.ema_decay: null`` (the default) becomes the strategy's ``default_ema_decay``
-    (0.999 for block_diffusion and scdd, 0 = none for the others), said when it turns the
+    (0.999 for block_diffusion, scdd and bd3lm, 0 = none for the others), said when it turns the
     average on; a set value, 0 included, is kept."""
     from dlmkit import strategies
 
