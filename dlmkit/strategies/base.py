@@ -72,6 +72,10 @@ class Strategy:
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
     # ELBOs), or None when the family cannot answer them.
     likelihood: str | None = None
+    # Options whose default has changed since config.yaml recorded only the options a user set:
+    # the value a checkpoint that does not record one was trained with, so that resuming it
+    # continues the same training (dlmkit.train.resume). Every option is recorded now.
+    former_defaults: dict = {}
 
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
                  loss_chunk_size: int | None = None) -> None:

@@ -435,6 +435,9 @@ def build_components(config: dict, world: World) -> Components:
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
                             loss_chunk_size=t["loss_chunk_size"])
+    # Every option, defaults included, goes into config.yaml: a resume after a default has
+    # changed still trains with the run's own values.
+    config["strategy"] = {"name": strategy.name, **strategy.config}
     if d["split_tokens"] and not len(piece_splits(tokenizer)):
         raise ConfigError(f"data.split_tokens={d['split_tokens']} would do nothing: no piece of "
                           f"tokenizer {d['tokenizer']!r} is two others written together (the "

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlmkit import strategies
+
 from .checkpoint import ResumePoint, find_resume_point
 from .config import (
     RESUMABLE_KEYS,
@@ -41,6 +43,8 @@ class ResumePlan:
     config: dict
     applied: dict[str, tuple] = field(default_factory=dict)   # resumable keys: (old, new)
     forced: dict[str, tuple] = field(default_factory=dict)    # other keys, allowed by the flag
+    # Strategy options an older checkpoint does not record, kept at the values it trained with.
+    former: dict = field(default_factory=dict)
 
     def record(self, run_dir: Path, step: int) -> None:
         """Append the changes to ``RUN/config_changes.jsonl`` (nothing when none)."""
@@ -56,6 +60,11 @@ class ResumePlan:
     def summary(self) -> list[str]:
         lines = [f"resume: {note}; resuming from {self.point.path} instead, the newest "
                  "complete checkpoint" for note in self.point.notes]
+        if self.former:
+            kept = ", ".join(f"strategy.{k}={v!r}" for k, v in self.former.items())
+            lines.append(f"resume: {self.point.path} does not record {kept} (older dlmkit); "
+                         "continuing with these values, which it was trained with (the "
+                         "family's defaults have changed since)")
         for key, (old, new) in self.applied.items():
             lines.append(f"resume: {key}: {old!r} -> {new!r}")
         for key, (old, new) in self.forced.items():
@@ -67,6 +76,24 @@ def _differences(old: dict, new: dict) -> dict[str, tuple]:
     a, b = flatten(old), flatten(new)
     return {k: (a.get(k, _UNSET), b.get(k, _UNSET)) for k in sorted(set(a) | set(b))
             if a.get(k, _UNSET) != b.get(k, _UNSET)}
+
+
+def _complete_strategy(config: dict, *, from_checkpoint: bool) -> dict:
+    """Give ``config["strategy"]`` every option of its family (in place), as the run's
+    config.yaml records them. An option a checkpoint does not record (config.yaml from an
+    older dlmkit, which wrote only the options set) takes the family's ``former_defaults``
+    value if it has one (what the run trained with; returned), else today's default."""
+    section = config.get("strategy")
+    try:
+        family = strategies.get(section["name"])
+    except (TypeError, KeyError, ValueError):
+        return {}  # validate() names the bad strategy section
+    former = {k: copy.deepcopy(v) for k, v in family.former_defaults.items()
+              if from_checkpoint and k not in section}
+    section.update(former)
+    for key, value in family.options.items():
+        section.setdefault(key, copy.deepcopy(value))
+    return former
 
 
 def plan_resume(config: dict, *, explicit: list[str] | None = None,
@@ -89,9 +116,11 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
         stored = with_defaults(stored)
     except ConfigError as err:
         raise ConfigError(f"--resume: {point.path / 'config.yaml'}: {err}") from None
+    former = _complete_strategy(stored, from_checkpoint=True)
     resumed = copy.deepcopy(stored)
     if explicit is None:
         resumed = copy.deepcopy(config)
+        _complete_strategy(resumed, from_checkpoint=False)
     else:
         for key in explicit:
             # An explicit key under a mapping replaces that leaf only (as --set merges).
@@ -114,4 +143,4 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
             f"keeps its own config; only {', '.join(RESUMABLE_KEYS)} may change), start a new "
             f"run with another --output-dir, or pass --allow-config-change to apply them anyway "
             f"(recorded in {Path(run_dir) / CHANGES_FILE}).")
-    return ResumePlan(point, resumed, applied, other)
+    return ResumePlan(point, resumed, applied, other, former)
