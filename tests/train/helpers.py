@@ -89,6 +89,19 @@ def copy_as_crashed_at(run_dir: Path, copy: Path, step: int) -> None:
     (copy / "checkpoints" / "latest").write_text(name)
 
 
+def rewrite_checkpoint_config(checkpoint: Path, config: dict) -> None:
+    """Replace ``checkpoint/config.yaml`` (as an older dlmkit would have written it), with its
+    size in ``manifest.json`` updated so the checkpoint still reads as complete."""
+    from dlmkit.train.config import dump_yaml
+
+    saved = checkpoint / "config.yaml"
+    saved.write_text(dump_yaml(config))
+    manifest = checkpoint / "manifest.json"
+    listed = json.loads(manifest.read_text())
+    listed["files"]["config.yaml"] = saved.stat().st_size
+    manifest.write_text(json.dumps(listed))
+
+
 def records(run_dir: Path, split: str = "train") -> list[dict]:
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["split"] == split]

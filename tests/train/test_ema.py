@@ -11,12 +11,18 @@ from safetensors.torch import load_file
 
 from dlmkit.cli import main
 from dlmkit.train import load_config
-from dlmkit.train.config import ConfigError, dump_yaml, load_yaml
+from dlmkit.train.config import ConfigError, load_yaml
 from dlmkit.train.ema import WeightAverage
 from dlmkit.train.recipe import resolve_ema
 from dlmkit.train.resume import plan_resume
 
-from .helpers import cli_args, copy_as_crashed_at, losses, overrides
+from .helpers import (
+    cli_args,
+    copy_as_crashed_at,
+    losses,
+    overrides,
+    rewrite_checkpoint_config,
+)
 
 
 def _linear(value: float) -> torch.nn.Linear:
@@ -144,14 +150,10 @@ def test_a_checkpoint_from_before_the_key_resumes_without_an_average(tmp_path):
     plain, old = tmp_path / "plain", tmp_path / "old"
     main(cli_args(plain, *STEPS))
     copy_as_crashed_at(plain, old, 4)
-    saved = old / "checkpoints" / "step_0000004" / "config.yaml"
-    stored = load_yaml(saved.read_text())
+    checkpoint = old / "checkpoints" / "step_0000004"
+    stored = load_yaml((checkpoint / "config.yaml").read_text())
     del stored["train"]["ema_decay"]
-    saved.write_text(dump_yaml(stored))
-    manifest = saved.parent / "manifest.json"  # as that dlmkit would have written it
-    listed = json.loads(manifest.read_text())
-    listed["files"]["config.yaml"] = saved.stat().st_size
-    manifest.write_text(json.dumps(listed))
+    rewrite_checkpoint_config(checkpoint, stored)
     cfg = load_config(None, [*overrides(*STEPS), f"output_dir={old}"])
     assert cfg["train"]["ema_decay"] is None  # unset now: would be the family's default
     plan = plan_resume(cfg, explicit=[])

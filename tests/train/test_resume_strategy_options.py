@@ -3,30 +3,25 @@ a resume after a family's default has changed trains with the values the run sta
 
 from __future__ import annotations
 
-import json
-
 from dlmkit.cli import main
 from dlmkit.strategies.scdd import SCDDStrategy
 from dlmkit.train import load_config
-from dlmkit.train.config import dump_yaml, load_yaml
+from dlmkit.train.config import load_yaml
 from dlmkit.train.resume import plan_resume
 
-from .helpers import cli_args, copy_as_crashed_at, losses, overrides
+from .helpers import cli_args, copy_as_crashed_at, losses, overrides, rewrite_checkpoint_config
 
 STEPS = ["train.steps=4", "train.save_every=2", "train.val_every=2"]
 
 
-def _stored(run_dir, step):
-    return run_dir / "checkpoints" / f"step_{step:07d}" / "config.yaml"
+def _checkpoint(run_dir, step):
+    return run_dir / "checkpoints" / f"step_{step:07d}"
 
 
-def _rewrite(saved, config: dict) -> None:
-    """Replace a checkpoint's config.yaml, its manifest updated as dlmkit would write it."""
-    saved.write_text(dump_yaml(config))
-    manifest = saved.parent / "manifest.json"
-    listed = json.loads(manifest.read_text())
-    listed["files"]["config.yaml"] = saved.stat().st_size
-    manifest.write_text(json.dumps(listed))
+def _with_strategy(checkpoint, section: dict) -> None:
+    """The checkpoint's config.yaml with ``section`` as its strategy (as an older dlmkit wrote)."""
+    stored = load_yaml((checkpoint / "config.yaml").read_text())
+    rewrite_checkpoint_config(checkpoint, {**stored, "strategy": section})
 
 
 def test_config_yaml_records_every_strategy_option(tmp_path):
@@ -34,7 +29,7 @@ def test_config_yaml_records_every_strategy_option(tmp_path):
     main(cli_args(run, "train.steps=1", "strategy.max_ratio=0.05", strategy="scdd"))
     recorded = load_yaml((run / "config.yaml").read_text())["strategy"]
     assert recorded == {"name": "scdd", **SCDDStrategy.options, "max_ratio": 0.05}
-    assert load_yaml(_stored(run, 1).read_text())["strategy"] == recorded
+    assert load_yaml((_checkpoint(run, 1) / "config.yaml").read_text())["strategy"] == recorded
 
 
 def test_a_changed_default_does_not_change_a_resumed_run(tmp_path, monkeypatch):
@@ -58,8 +53,7 @@ def test_a_checkpoint_that_records_no_options_resumes_with_what_it_trained_with(
     main(cli_args(run, *STEPS, "strategy.t_min=0.0", "strategy.time_sampling=iid",
                   strategy="scdd"))
     copy_as_crashed_at(run, old, 2)
-    saved = _stored(old, 2)
-    _rewrite(saved, {**load_yaml(saved.read_text()), "strategy": {"name": "scdd"}})
+    _with_strategy(_checkpoint(old, 2), {"name": "scdd"})
     cfg = load_config(None, [*overrides(*STEPS, strategy="scdd"), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=[])
     assert plan.former == {"t_min": 0.0, "time_sampling": "iid"} == SCDDStrategy.former_defaults
@@ -74,12 +68,9 @@ def test_a_checkpoint_that_records_no_options_resumes_with_what_it_trained_with(
 def test_an_older_checkpoint_with_an_option_set_keeps_the_former_defaults_of_the_rest(tmp_path):
     run, old = tmp_path / "run", tmp_path / "old"
     main(cli_args(run, *STEPS[:2], "strategy.max_ratio=0.05", "strategy.t_min=0.0",
-                  "strategy.time_sampling=iid",
-                  strategy="scdd"))
+                  "strategy.time_sampling=iid", strategy="scdd"))
     copy_as_crashed_at(run, old, 2)
-    saved = _stored(old, 2)
-    _rewrite(saved, {**load_yaml(saved.read_text()),
-                     "strategy": {"name": "scdd", "max_ratio": 0.05}})  # as written then
+    _with_strategy(_checkpoint(old, 2), {"name": "scdd", "max_ratio": 0.05})
     cfg = load_config(None, [*overrides(*STEPS[:2], "strategy.max_ratio=0.05",
                                         strategy="scdd"), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=["strategy.max_ratio"])
@@ -91,8 +82,7 @@ def test_a_family_whose_defaults_never_changed_resumes_an_old_checkpoint_silentl
     run, old = tmp_path / "run", tmp_path / "old"
     main(cli_args(run, *STEPS[:2]))
     copy_as_crashed_at(run, old, 2)
-    saved = _stored(old, 2)
-    _rewrite(saved, {**load_yaml(saved.read_text()), "strategy": {"name": "mdlm"}})
+    _with_strategy(_checkpoint(old, 2), {"name": "mdlm"})
     cfg = load_config(None, [*overrides(*STEPS[:2]), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=[])
     assert not plan.former and not plan.forced

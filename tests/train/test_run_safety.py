@@ -16,7 +16,7 @@ import yaml
 
 from dlmkit.cli import main
 
-from .helpers import cli_args, losses, records
+from .helpers import cli_args, losses, records, rewrite_checkpoint_config
 
 
 def train(run_dir, *extra, strategy="mdlm"):
@@ -128,9 +128,6 @@ def test_checkpoint_config_from_an_older_dlmkit_gets_new_defaults(finished, tmp_
     checkpoint = run_dir / "checkpoints" / "step_0000003"
     stored = yaml.safe_load((checkpoint / "config.yaml").read_text())
     del stored["data"]["truncation"]
-    (checkpoint / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    manifest["files"]["config.yaml"] = (checkpoint / "config.yaml").stat().st_size
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_checkpoint_config(checkpoint, stored)
     main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
     assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
