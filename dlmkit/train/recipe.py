@@ -438,6 +438,8 @@ def build_components(config: dict, world: World) -> Components:
     # Every option, defaults included, goes into config.yaml: a resume after a default has
     # changed still trains with the run's own values.
     config["strategy"] = {"name": strategy.name, **strategy.config}
+    # The model too: ``model.name: null`` means the family's default preset, which may change.
+    config["model"]["name"] = config["model"]["name"] or strategy.default_model
     if d["split_tokens"] and not len(piece_splits(tokenizer)):
         raise ConfigError(f"data.split_tokens={d['split_tokens']} would do nothing: no piece of "
                           f"tokenizer {d['tokenizer']!r} is two others written together (the "

@@ -1,5 +1,6 @@
 """A run's strategy options are its own: config.yaml records every one (defaults included), so
-a resume after a family's default has changed trains with the values the run started with."""
+a resume after a family's default has changed trains with the values the run started with; and
+its model preset, the family's when ``model.name`` is unset."""
 
 from __future__ import annotations
 
@@ -24,12 +25,15 @@ def _with_strategy(checkpoint, section: dict) -> None:
     rewrite_checkpoint_config(checkpoint, {**stored, "strategy": section})
 
 
-def test_config_yaml_records_every_strategy_option(tmp_path):
+def test_config_yaml_records_every_strategy_option_and_the_model(tmp_path):
     run = tmp_path / "run"
     main(cli_args(run, "train.steps=1", "strategy.max_ratio=0.05", strategy="scdd"))
-    recorded = load_yaml((run / "config.yaml").read_text())["strategy"]
-    assert recorded == {"name": "scdd", **SCDDStrategy.options, "max_ratio": 0.05}
-    assert load_yaml((_checkpoint(run, 1) / "config.yaml").read_text())["strategy"] == recorded
+    recorded = load_yaml((run / "config.yaml").read_text())
+    assert recorded["strategy"] == {"name": "scdd", **SCDDStrategy.options, "max_ratio": 0.05}
+    assert recorded["model"]["name"] == SCDDStrategy.default_model == "tiny-llama"
+    in_checkpoint = load_yaml((_checkpoint(run, 1) / "config.yaml").read_text())
+    assert in_checkpoint["strategy"] == recorded["strategy"]
+    assert in_checkpoint["model"] == recorded["model"]
 
 
 def test_a_changed_default_does_not_change_a_resumed_run(tmp_path, monkeypatch):
