@@ -33,7 +33,7 @@ def test_the_later_of_steps_and_epochs_decides():
 
 @pytest.mark.parametrize("name, extra, steps", [
     ("mdlm", (), 6000), ("scdd", (), 10000), ("idlm", (), 6000),
-    ("block_diffusion", (), 4000), ("ar", (), 3000), ("hybrid", (), 3000), ("bd3lm", (), 6000),
+    ("block_diffusion", (), 6000), ("ar", (), 3000), ("hybrid", (), 3000), ("bd3lm", (), 6000),
     ("dflash", (), 1200),
     ("mdlm", ("train.steps=7",), 7), ("mdlm", ("train.epochs=1",), 8)])
 def test_an_unset_budget_is_the_familys_default_steps(name, extra, steps):
@@ -130,7 +130,7 @@ CHANGE_IT = " (set train.warmup_steps to change it)"
     (("train.steps=4", "train.warmup_steps=10", "train.lr=1e-3"), 4, 10,
      "warning: train.warmup_steps=10 is longer than the run (train.steps=4): the learning "
      "rate reaches only 40% of train.lr=0.001"),
-    (("strategy.name=block_diffusion",), 4000, 20,
+    (("strategy.name=block_diffusion",), 6000, 20,
      "train.warmup_steps=20: the block_diffusion default" + CHANGE_IT),
     (("strategy.name=block_diffusion", "train.steps=5"), 5, 5,
      "train.warmup_steps=5: the block_diffusion default" + CHANGE_IT)])

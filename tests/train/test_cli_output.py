@@ -149,6 +149,6 @@ def test_print_config_lists_every_strategy_and_checks_options(capsys):
         cls = strategies.get(name)
         assert f"#   {name}: lr={cls.default_lr:g}, steps={cls.default_steps}, " in defaults
     assert "#   scdd: lr=0.001, steps=10000, warmup_steps=10% of steps, ema_decay=0.999" in out
-    assert "#   block_diffusion: lr=0.0015, steps=4000, warmup_steps=20, ema_decay=0.999" in out
+    assert "#   block_diffusion: lr=0.0015, steps=6000, warmup_steps=20, ema_decay=0.999" in out
     with pytest.raises(SystemExit, match=r"unknown option\(s\) \['blok_size'\]"):
         main(["train", "--print-config", "--set", "strategy.blok_size=8"])
