@@ -85,9 +85,9 @@ class BlockDiffusionStrategy(Strategy):
     # One canvas block per example per step learns multi-block answers slower than the
     # families that score every token: tests/suite `chat` 88.0% at 1200 steps, 95.0% at 2400,
     # 97.5% at 4000; `arith` 9.0% / 76.0% / 91.5% (docs/suite.md). 4000 -> 6000 (with the
-    # weight average, block 4): BPE `transform` seeds 0 / 1 / 2 92.5 / 93.0 / 88.5% -> 93.0 /
-    # 95.5 / 95.0%, `arith` byte 94.5 -> 95.0%, BPE 95.0 -> 95.5%;
-    # its exact match was still rising at step 4000 (docs/suite.md).
+    # weight average, block 4; its exact match was still rising at step 4000): BPE `transform`
+    # seeds 0 / 1 / 2 92.5 / 93.0 / 88.5% -> 93.0 / 95.5 / 95.0%, `arith` byte 94.5 -> 95.0%,
+    # BPE 95.0 -> 95.5% (docs/suite.md).
     default_steps = 6000
     # Its low lr does not collapse attention early: tests/suite `arith` at 4000 steps gave
     # 91.5% with 20 warmup steps, 43.5% with the 10% (400) of the other families (docs/suite.md).

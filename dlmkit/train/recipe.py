@@ -400,14 +400,14 @@ class Components:
 
 
 def build_trained_model(config: dict, strategy, vocab_size: int, attention: str, device):
-    """The model the run trains (``model.*``): the strategy's, with gradient checkpointing
-    and LoRA adapters when configured (see :mod:`dlmkit.models.checkpointing`, ``.lora``)."""
+    """The model the run trains (``model.*``, its ``name`` resolved by
+    :func:`build_components`): the strategy's, with gradient checkpointing and LoRA adapters
+    when configured (see :mod:`dlmkit.models.checkpointing`, ``.lora``)."""
     from dlmkit.models.checkpointing import enable_gradient_checkpointing
     from dlmkit.models.lora import apply_lora
 
     m = config["model"]
-    name = m["name"] or strategy.default_model
-    model = strategy.build_model(name, vocab_size=vocab_size, attention=attention,
+    model = strategy.build_model(m["name"], vocab_size=vocab_size, attention=attention,
                                  dtype=getattr(torch, m["dtype"]),
                                  overrides=m["config"]).to(device)
     if m["gradient_checkpointing"]:
