@@ -2,6 +2,7 @@
 
     python tests/suite/run.py FAMILY TASK [--tokenizer byte|bpe] [--out DIR] [--overwrite]
                               [--set k=v ...] [--decode k=v ...] [--record NAME]
+    python tests/suite/run.py FAMILY TASK ... --resume      # continue a stopped run, same args
     python tests/suite/run.py FAMILY TASK --score-only RUN [--decode k=v ...]
 
 Only the data files (and the tokenizer) are set, as a new user would; ``--set`` adds config
@@ -10,7 +11,10 @@ Prints one JSON line: family, task, tokenizer, steps, the last and best validati
 match of ``final/`` on the test split (last assistant turn, every earlier turn given as
 written) and the wall time of training and of scoring; ``--record NAME`` also appends it, as
 run ``NAME``, to ``docs/results/suite.jsonl``. An existing run directory is replaced only with
-``--overwrite`` (as ``dlmkit train``).
+``--overwrite`` (as ``dlmkit train``). ``--resume``, with the arguments the run was started
+with, continues a run that was stopped (a session's end, kill -9) from its newest checkpoint,
+bit-exactly as ``dlmkit train --resume``; its line then says ``resumed_at`` (the checkpoint's
+step) and ``train_s`` is the time of this last part only.
 """
 
 from __future__ import annotations
@@ -59,8 +63,12 @@ def main(argv: list[str]) -> int:
                              "default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None,
                         help="run directory (default: runs/suite-FAMILY-TASK-TOKENIZER)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing run directory (deleted first)")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true",
+                          help="replace an existing run directory (deleted first)")
+    existing.add_argument("--resume", action="store_true",
+                          help="continue the run in --out from its newest checkpoint (give the "
+                               "arguments it was started with)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY.SUB=VALUE",
                         help="a config override, as dlmkit train --set (for controls)")
@@ -75,6 +83,8 @@ def main(argv: list[str]) -> int:
     decode = sampler_options(parser, args.decode)
 
     from dlmkit.train import load_config, run
+    from dlmkit.train.checkpoint import newest_complete_checkpoint
+    from dlmkit.train.config import explicit_keys
 
     if args.score_only:
         print(json.dumps({"decode": decode, **score(args.score_only / "final",
@@ -86,15 +96,25 @@ def main(argv: list[str]) -> int:
     data = args.data / args.task
     tokenizer = "byte" if args.tokenizer == "byte" else str(args.data / "bpe")
     out = args.out or Path("runs") / f"suite-{args.family}-{args.task}-{args.tokenizer}"
-    config = load_config(None, [
+    overrides = [
         f"strategy.name={args.family}", "data.task=null",
         f"data.train_files=[{data / 'train.jsonl'}]",
         f"data.validation_files=[{data / 'validation.jsonl'}]",
         f"data.tokenizer={tokenizer}", f"output_dir={out}", "train.progress=false",
-        *args.overrides])
+        *args.overrides]
+    config = load_config(None, overrides)
+    resumed_at = None
+    if args.resume:
+        checkpoint = newest_complete_checkpoint(out)
+        if checkpoint is None:
+            parser.exit(2, f"error: --resume: {out} holds no complete checkpoint to continue\n")
+        resumed_at = int(checkpoint.name.removeprefix("step_"))
     start = time.perf_counter()
     try:
-        run(config, overwrite=args.overwrite)
+        # What the command line sets is checked against the checkpoint's config (a different
+        # --set is an error naming the key), as dlmkit train --resume does.
+        run(config, overwrite=args.overwrite, resume=args.resume,
+            explicit=explicit_keys(None, overrides) if args.resume else None)
     except (ValueError, FileNotFoundError) as err:  # e.g. an existing run without --overwrite
         parser.exit(2, f"error: {err}\n")
     train_s = time.perf_counter() - start
@@ -104,6 +124,7 @@ def main(argv: list[str]) -> int:
     result = {"family": args.family, "task": args.task, "tokenizer": args.tokenizer,
               "steps": steps, "val_last": val[-1] if val else None,
               "val_best": min(val) if val else None, "train_s": round(train_s, 1),
+              **({"resumed_at": resumed_at} if args.resume else {}),
               "overrides": args.overrides, **({"decode": decode} if decode else {}),
               **score(out / "final", data / "test.jsonl", **decode)}
     print(json.dumps(result))

@@ -118,3 +118,46 @@ def test_the_runner_replaces_an_existing_run_only_with_overwrite(tmp_path, capsy
         assert stopped.value.code == 2
         assert "holds no dlmkit run" in capsys.readouterr().err
         assert (out / "notes.txt").read_text() == "a user's file"
+
+
+def test_the_runner_resumes_a_stopped_run_to_the_same_result(tmp_path, capsys, monkeypatch):
+    """A suite run stopped after a checkpoint (a session's end) and continued with ``--resume``
+    prints the line an uninterrupted run prints, but for the wall times and ``resumed_at``."""
+    import dlmkit.train.recipe as recipe
+
+    from . import run
+
+    data = tmp_path / "data"
+    suite.main([str(data)])
+    argv = ["ar", "arith", "--data", str(data), "--set", "train.steps=4",
+            "--set", "train.save_every=2", "--set", "train.val_every=2"]
+
+    def result(out: str, *extra: str) -> dict:
+        assert run.main([*argv, "--out", str(tmp_path / out), *extra]) == 0
+        line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return {k: v for k, v in line.items() if k not in ("train_s", "score_s")}
+
+    straight = result("straight")
+    with pytest.raises(SystemExit) as stopped:  # nothing to continue yet
+        run.main([*argv, "--out", str(tmp_path / "stopped"), "--resume"])
+    assert stopped.value.code == 2 and "no complete checkpoint" in capsys.readouterr().err
+
+    real_save = recipe.save_checkpoint
+
+    def save_then_stop(*args, **kwargs):
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt  # as the session's end, right after the step-2 checkpoint
+
+    monkeypatch.setattr(recipe, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run.main([*argv, "--out", str(tmp_path / "stopped")])
+    monkeypatch.undo()
+    assert not (tmp_path / "stopped" / "final").exists()
+    with pytest.raises(SystemExit):  # a different setting is named, not trained silently
+        run.main([*argv, "--out", str(tmp_path / "stopped"), "--resume",
+                  "--set", "train.lr=0.01"])
+    assert "train.lr" in capsys.readouterr().err
+
+    resumed = result("stopped", "--resume")
+    assert resumed.pop("resumed_at") == 2
+    assert resumed == straight and straight["steps"] == 4
