@@ -179,6 +179,11 @@ class ResumePoint:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def step(self) -> int:
+        """The step the checkpoint was saved at (from its ``step_XXXXXXX`` name)."""
+        return int(_STEP_DIR.match(self.path.name).group(1))
+
+    @property
     def config(self) -> dict | None:
         """The config the checkpoint was trained with (None: written by an older dlmkit)."""
         f = self.path / CONFIG

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     decode = sampler_options(parser, args.decode)
 
     from dlmkit.train import load_config, run
-    from dlmkit.train.checkpoint import newest_complete_checkpoint
+    from dlmkit.train.checkpoint import find_resume_point
     from dlmkit.train.config import explicit_keys
 
     if args.score_only:
@@ -105,10 +105,10 @@ def main(argv: list[str]) -> int:
     config = load_config(None, overrides)
     resumed_at = None
     if args.resume:
-        checkpoint = newest_complete_checkpoint(out)
-        if checkpoint is None:
-            parser.exit(2, f"error: --resume: {out} holds no complete checkpoint to continue\n")
-        resumed_at = int(checkpoint.name.removeprefix("step_"))
+        try:  # the checkpoint run() will continue from (its error says why newer ones were not)
+            resumed_at = find_resume_point(out).step
+        except FileNotFoundError as err:
+            parser.exit(2, f"error: {err}\n")
     start = time.perf_counter()
     try:
         # What the command line sets is checked against the checkpoint's config (a different
