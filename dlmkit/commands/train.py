@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EPILOG = """examples:
@@ -117,7 +118,11 @@ def run_train(args) -> int:
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     try:
-        config = load_config(args.config, overrides)
+        notes: list[str] = []
+        config = load_config(args.config, overrides, notes)
+        if os.environ.get("RANK", "0") == "0":  # once under torchrun
+            for line in notes:  # stderr: --print-config's stdout stays a loadable config
+                print(line, file=sys.stderr)
         if args.resume and not config["output_dir"]:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
         if args.allow_config_change and not args.resume:

@@ -8,7 +8,10 @@ valid ones.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -94,6 +97,8 @@ DEFAULTS: dict = {
         "save_every": 100,
         "threads": None,          # torch intra-op threads (None = torch default)
         "progress": True,
+        "tensorboard": False,     # also write the metrics as TensorBoard events in
+                                  # RUN/tensorboard/ (needs the tensorboard package)
     },
 }
 
@@ -119,16 +124,54 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def _yaml(text: str):
-    return yaml.load(text, Loader=_Loader)
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice. PyYAML keeps the last value silently, so
+    ``train: {steps: 5, steps: 50000}`` would train 50000 steps."""
+
+    def __init__(self, key: str, first: int, second: int) -> None:
+        self.key, self.first, self.second = key, first, second
+        super().__init__(f"key {key!r} is given twice, on line {first} and line {second}")
+
+
+def _reject_duplicates(node, path: str) -> None:
+    """Raise DuplicateKeyError for the first mapping in ``node`` that repeats a key; ``path``
+    is the dotted key of ``node`` ("" at the top)."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _reject_duplicates(item, path)
+    elif isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            where = f"{path}.{key}" if path else str(key)
+            if key is not None:
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise DuplicateKeyError(where, seen[key], line)
+                seen[key] = line
+            _reject_duplicates(value_node, where)
+
+
+def _yaml(text: str, path: str = ""):
+    """``text`` read as YAML (1.2 floats); a repeated key is a DuplicateKeyError (its name is
+    dotted from ``path``, the key the text stands for)."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _reject_duplicates(node, path)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 # Keys a resumed run may change: they do not alter what is trained (train.steps extends or
 # shortens the schedule's horizon; the rest is bookkeeping). Any other difference between a
 # resume's config and its checkpoint's is an error (see dlmkit.train.resume).
 RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.log_every", "train.val_every",
-                  "train.save_every", "train.threads", "train.progress", "train.device",
-                  "output_dir")
+                  "train.save_every", "train.threads", "train.progress", "train.tensorboard",
+                  "train.device", "output_dir")
 
 # Mappings whose keys are free-form (a strategy's options, a model preset's overrides, a
 # task's parameters): merged key by key, not checked against the defaults.
@@ -161,52 +204,134 @@ def parse_override(item: str) -> tuple[list[str], object]:
     key, raw = item.split("=", 1)
     if not key:
         raise ConfigError(f"--set expects key.sub=value, got {item!r}")
-    return key.split("."), _yaml(raw) if raw else None
+    if not raw.strip():
+        # YAML reads an empty value as null: `--set train.steps=` (a variable that expanded
+        # to nothing) would quietly become the default.
+        raise ConfigError(f"--set {item!r} has no value after '='; give one, or write "
+                          f"--set {key}=null for the default")
+    try:
+        return key.split("."), _yaml(raw, key)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"--set {item!r}: key {err.key!r} is given twice; keep one") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML: {err}") from None
 
 
-def _layers(path: str | Path | None, overrides: list[str] | None) -> list[dict]:
-    """The updates applied to the defaults, in order: the YAML file, then each override."""
+# Where a layer of the config comes from: the file's path, or the command line.
+COMMAND_LINE = "the --set options"
+
+
+def _layers(path: str | Path | None, overrides: list[str] | None) -> list[tuple[str, dict]]:
+    """The updates applied to the defaults, in order, each with where it comes from: the YAML
+    file, then each override."""
     layers = []
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory; give a YAML file (e.g. "
+                              "configs/bd3lm-tiny.yaml)")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
             loaded = _yaml(path.read_text()) or {}
+        except DuplicateKeyError as err:
+            raise ConfigError(f"{path}: key {err.key!r} is given twice, on line {err.first} "
+                              f"and line {err.second} (YAML would keep only the last); keep "
+                              "one") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-        layers.append(loaded)
+        layers.append((str(path), loaded))
     for item in overrides or []:
         keys, value = parse_override(item)
         update: dict = value  # type: ignore[assignment]
         for key in reversed(keys):
             update = {key: update}
-        layers.append(update)
+        layers.append((COMMAND_LINE, update))
     return layers
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> dict:
-    """The default config, updated by a YAML file and then by ``key.sub=value`` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                notes: list[str] | None = None) -> dict:
+    """The default config, updated by a YAML file and then by ``key.sub=value`` overrides.
+
+    Relative paths that exist (data files, a tokenizer or model directory, a DFlash target)
+    are made absolute, so that the run's config.yaml names the same files from any directory.
+    ``notes``, when given, receives lines about settings that have no effect (see
+    :func:`_unused_task`)."""
     config = copy.deepcopy(DEFAULTS)
-    for layer in _layers(path, overrides):
+    layers = _layers(path, overrides)
+    budget: dict[str, object] = {}
+    for i, (where, layer) in enumerate(layers):
         config = _merge(config, layer)
-        _one_budget(layer, config)
+        train = layer.get("train") if isinstance(layer.get("train"), dict) else {}
+        budget.update({k: train[k] for k in ("steps", "epochs") if k in train})
+        if i + 1 == len(layers) or layers[i + 1][0] != where:
+            _one_budget(budget, where, config)
+            budget = {}
+    _absolute_paths(config)
+    if notes is not None:
+        notes.extend(_unused_task(layers, config))
     return validate(config)
 
 
-def _one_budget(layer: dict, config: dict) -> None:
-    """Exactly one of train.steps / train.epochs decides: the one a layer sets clears the
-    other (a later ``--set`` overrides the file); setting both in one layer is an error."""
-    train = layer.get("train") if isinstance(layer.get("train"), dict) else {}
-    sets = [k for k in ("steps", "epochs") if train.get(k) is not None]
+def _one_budget(budget: dict, where: str, config: dict) -> None:
+    """Exactly one of train.steps / train.epochs decides: the one a place (the config file, or
+    the command line) sets clears the other, so a later ``--set`` overrides the file; setting
+    both in one place is an error. ``budget``: the values of the two that ``where`` sets."""
+    sets = [k for k in ("steps", "epochs") if budget.get(k) is not None]
     if len(sets) == 2:
-        raise ConfigError("train.steps and train.epochs are both set; exactly one decides the "
-                          f"budget: keep one (got steps={train['steps']!r}, "
-                          f"epochs={train['epochs']!r})")
+        raise ConfigError(f"train.steps and train.epochs are both set in {where} "
+                          f"(steps={budget['steps']!r}, epochs={budget['epochs']!r}); exactly "
+                          "one decides the budget: keep one")
     if sets:
         config["train"]["epochs" if sets[0] == "steps" else "steps"] = None
+
+
+def _unused_task(layers: list[tuple[str, dict]], config: dict) -> list[str]:
+    """With ``data.train_files`` the run trains on the files (the bundled task is not built):
+    a line for each task setting the user gave that is therefore not used."""
+    if not config["data"]["train_files"]:
+        return []
+    given = {}
+    for where, layer in layers:
+        for key, value in flatten(layer).items():
+            if key == "data.task" or key.startswith("data.task_options"):
+                given[key] = (value, where)
+    return [f"note: {key}={value!r} (from {where}) is not used: data.train_files is set, so "
+            "the run trains on those files" for key, (value, where) in given.items()
+            if value not in (None, {})]
+
+
+def _model_presets() -> set[str]:
+    """Every preset name ``model.name`` may take (they win over a directory of that name)."""
+    from dlmkit.models import PRESETS
+    from dlmkit.models.dflash import DRAFT_PRESETS
+    from dlmkit.models.diffusion_gemma import PRESETS as GEMMA_PRESETS
+
+    return set(PRESETS) | set(DRAFT_PRESETS) | set(GEMMA_PRESETS)
+
+
+def _absolute(value, *, unless: Callable[[str], bool] = lambda name: False):
+    """``value`` as an absolute path when it is a relative path that exists, else as is."""
+    if not isinstance(value, str) or os.path.isabs(value) or not os.path.exists(value) \
+            or unless(value):
+        return value
+    return os.path.abspath(value)
+
+
+def _absolute_paths(config: dict) -> None:
+    """Make the path-valued keys absolute (in place; see :func:`load_config`)."""
+    d, m = config["data"], config["model"]
+    for key in ("train_files", "validation_files"):
+        if isinstance(d[key], list):
+            d[key] = [_absolute(p) for p in d[key]]
+    d["tokenizer"] = _absolute(d["tokenizer"], unless=lambda name: name == "byte")
+    m["name"] = _absolute(m["name"], unless=lambda name: name in _model_presets())
+    strategy = config["strategy"]
+    if isinstance(strategy, dict) and "target" in strategy:  # dflash's frozen target model
+        strategy["target"] = _absolute(strategy["target"])
 
 
 def explicit_keys(path: str | Path | None = None,
@@ -214,7 +339,7 @@ def explicit_keys(path: str | Path | None = None,
     """Dotted keys the YAML file and the overrides set (leaves; an empty mapping is a leaf).
 
     A resumed run takes these from the new config and everything else from its checkpoint."""
-    return sorted({key for layer in _layers(path, overrides) for key in flatten(layer)})
+    return sorted({key for _, layer in _layers(path, overrides) for key in flatten(layer)})
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -331,6 +456,11 @@ def validate(config: dict) -> dict:
          f"train.loss_chunk_size must be a positive int or null, got {t['loss_chunk_size']!r}")
     need(t["threads"] is None or positive_int(t["threads"]),
          f"train.threads must be a positive int or null, got {t['threads']!r}")
+    need(isinstance(t["tensorboard"], bool),
+         f"train.tensorboard must be true or false, got {t['tensorboard']!r}")
+    need(not t["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
+         "train.tensorboard: true needs the tensorboard package, which is not installed: "
+         "pip install tensorboard (or set train.tensorboard=false)")
     need(isinstance(config["seed"], int) and not isinstance(config["seed"], bool)
          and config["seed"] >= 0, f"seed must be an int >= 0, got {config['seed']!r}")
     need(isinstance(d["train_files"], list) and isinstance(d["validation_files"], list),
@@ -344,6 +474,8 @@ def validate(config: dict) -> dict:
         raise ConfigError(str(err)) from None
     need(d["task"] is not None or d["train_files"],
          "data: give a bundled data.task or data.train_files")
+    if d["train_files"]:  # the files are trained on (recipe.build_datasets), not the task
+        d["task"] = None
     for key in ("num_train", "num_validation", "max_seq_len"):
         need(positive_int(d[key]), f"data.{key} must be a positive int, got {d[key]!r}")
     need(isinstance(config["strategy"], dict) and "name" in config["strategy"],
