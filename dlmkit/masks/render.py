@@ -24,11 +24,35 @@ def mask_picture(mask, batch_index: int, cells: int) -> tuple[torch.Tensor, int,
     if mask.q_len <= cells and mask.kv_len <= cells:
         return mask.dense()[batch_index, 0].float(), 1, 1
     q_step, kv_step = cdiv(mask.q_len, cells), cdiv(mask.kv_len, cells)
-    tiles = mask.tile_map((q_step, kv_step))[batch_index]
+    tiles = mask.tile_map((q_step, kv_step))[batch_index].clone()
+    _judge_short_edges(mask, batch_index, tiles, q_step, kv_step)
     picture = torch.zeros(tiles.shape)
     picture[tiles == PARTIAL] = 0.5
     picture[tiles == FULL] = 1.0
     return picture, q_step, kv_step
+
+
+def _judge_short_edges(mask, batch_index: int, tiles: torch.Tensor, q_step: int,
+                       kv_step: int) -> None:
+    """Mark FULL the cells of a short last row/column whose real tokens are all allowed.
+
+    The tile map follows ``create_block_mask``: padding past ``q_len``/``kv_len`` counts as
+    blocked, so such a cell is never FULL there; a picture judges a cell by its real tokens.
+    Only PARTIAL edge cells are evaluated, O(edge cells), not the token grid."""
+    n_q, n_kv = tiles.shape
+    edge = set()
+    if mask.q_len % q_step:
+        edge.update((n_q - 1, j) for j in range(n_kv))
+    if mask.kv_len % kv_step:
+        edge.update((i, n_kv - 1) for i in range(n_q))
+    b = torch.full((1, 1, 1), batch_index, dtype=torch.long, device=mask.device)
+    for i, j in sorted(edge):
+        if tiles[i, j] != PARTIAL:
+            continue
+        q = torch.arange(i * q_step, min((i + 1) * q_step, mask.q_len), device=mask.device)
+        kv = torch.arange(j * kv_step, min((j + 1) * kv_step, mask.kv_len), device=mask.device)
+        if bool(mask.mask_mod(b, 0, q.view(1, -1, 1), kv.view(1, 1, -1)).all()):
+            tiles[i, j] = FULL
 
 
 def render_text(mask, batch_index: int = 0, columns: int = _TEXT_COLUMNS) -> str:

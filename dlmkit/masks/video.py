@@ -274,10 +274,14 @@ EXAMPLES = {
 
 
 def _sta_example(seq_len: int, dims: int) -> Mask:
-    """Tiles of 4x4 (2-D) / 2x4x4 (3-D), a 3-tile kernel per axis, 1/16 of the tokens text."""
+    """``seq_len`` tokens: tiles of 4x4 (2-D) / 2x4x4 (3-D), halved while fewer than 16 fit, a
+    3-tile kernel per axis, about 1/16 of the tokens text (the rest of a canvas made of whole
+    tiles)."""
     tile = (4, 4) if dims == 2 else (2, 4, 4)
-    numel = math.prod(tile)
     text = max(1, seq_len // 16)
+    while math.prod(tile) > 1 and (seq_len - text) // math.prod(tile) < 16:
+        tile = tuple(max(1, t // 2) for t in tile)
+    numel = math.prod(tile)
     tiles = max(1, (seq_len - text) // numel)
     if dims == 2:
         side = max(1, math.isqrt(tiles))
@@ -289,7 +293,7 @@ def _sta_example(seq_len: int, dims: int) -> Mask:
         grid = (side, hw, max(1, rest // hw))
     canvas = tuple(g * t for g, t in zip(grid, tile))
     kernel = tuple(3 * t for t in tile)
-    return sta(canvas, kernel, tile, text_len=text)
+    return sta(canvas, kernel, tile, text_len=max(0, seq_len - math.prod(canvas)))
 
 
 def _svg_example(seq_len: int, factory) -> Mask:
