@@ -15,10 +15,10 @@ Requests:
   text is cut at the first ``until`` string.
 * ``loglikelihood`` -- by the family's ``likelihood`` scorer (:mod:`.likelihood`): exact for
   causal streams (``ar``, ``hybrid``, ``idlm``), a Monte-Carlo ELBO for masked diffusion
-  (``mdlm``, ``scdd``) and per block for block diffusion (``bd3lm``; ``mc_samples`` draws,
-  default 32), where ``is_greedy`` means the model's
-  own greedy sampler, decoding exactly as many tokens, produces the continuation. Other
-  families raise an error naming those that can.
+  (``mdlm``, ``scdd``: scdd's over the non-mask tokens, as it trains and decodes) and per
+  block for block diffusion (``bd3lm``; ``mc_samples`` draws, default 32), where ``is_greedy``
+  means the model's own greedy sampler, decoding exactly as many tokens, produces the
+  continuation. Other families raise an error naming those that can.
 * ``loglikelihood_rolling`` (perplexity tasks) is not supported (a clear error).
 
 With ``chat=true`` (default) a request's context is the user message and the continuation
@@ -38,7 +38,7 @@ from dlmkit import strategies
 
 from .api import encode_prompt, generate, load
 from .config import SamplerConfig
-from .likelihood import block_elbo, causal_loglikelihood, masked_elbo
+from .likelihood import ELBO_SCORERS, causal_loglikelihood, elbo
 from .runner import Runner
 
 SAMPLER_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.name != "sampler")
@@ -147,7 +147,7 @@ class DlmkitLM(LM):
             raise ValueError(
                 f"lm-eval loglikelihood requests: strategy {self.strategy!r} cannot score a "
                 f"continuation; families that can: {', '.join(_families('causal'))} (exact), "
-                f"{', '.join(_families('masked_elbo') + _families('block_elbo'))} "
+                f"{', '.join(n for s in ELBO_SCORERS for n in _families(s))} "
                 "(Monte-Carlo ELBO); use tasks with "
                 "generate_until requests for this model")
         rows = [self._split(*request.args) for request in requests]
@@ -162,13 +162,11 @@ class DlmkitLM(LM):
             for index, (prompt, cont) in enumerate(rows):
                 generator = torch.Generator(device=runner.device).manual_seed(
                     self.config.seed * 1_000_003 + index)
-                kwargs = {"mask_id": self.tokenizer.mask_token_id, "samples": self.mc_samples,
-                          "generator": generator, "batch_size": self.batch_size}
-                if self.scorer == "block_elbo":
-                    score = block_elbo(runner, prompt, cont, **kwargs,
-                                       block_size=self.loaded.meta.get("block_size"))
-                else:
-                    score = masked_elbo(runner, prompt, cont, **kwargs)
+                block = self.loaded.meta.get("block_size") if self.scorer == "block_elbo" \
+                    else None
+                score = elbo(self.scorer, runner, prompt, cont,
+                             mask_id=self.tokenizer.mask_token_id, samples=self.mc_samples,
+                             generator=generator, batch_size=self.batch_size, block_size=block)
                 out.append((score, self._greedy(prompt, cont, index)))
         return out
 

@@ -12,7 +12,12 @@ A strategy's ``likelihood`` attribute names the scorer (:data:`SCORERS`):
   continuation tokens uniformly at random and scores ``(L / l) * sum over the masked tokens of
   log p(x_i | x_t)``; its expectation is the ELBO (``<= log p``), the mean over ``samples``
   draws is the estimate (LLaDA's low-variance form of the ``1/t``-weighted bound). Log-probs
-  are over the whole vocabulary, as in the training loss.
+  are over the whole vocabulary, as in mdlm's training loss.
+* ``masked_elbo_nonmask`` -- the same estimate with log-probs over the tokens other than MASK
+  (the MASK logit excluded), for a family whose denoiser is a distribution over those tokens
+  only: scdd's loss (:class:`~dlmkit.diffusion.SCDDLoss`) excludes the MASK logit from its
+  softmax and never trains it, and its decoder never proposes MASK, so a score that
+  normalised over MASK would move with a logit the model never learned.
 * ``block_elbo`` -- the same estimate per diffusion block (BD3-LM): the sequence is cut into
   blocks of ``block_size`` from position 0 as in training; in each block holding continuation
   tokens, ``l_b ~ U{1..n_b}`` of its ``n_b`` continuation tokens are masked and scored with
@@ -51,13 +56,16 @@ def causal_loglikelihood(runner: Runner, rows: Sequence[tuple[Sequence[int], Seq
 
 def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
                 mask_id: int, samples: int, generator: torch.Generator,
-                batch_size: int = 32) -> float:
+                batch_size: int = 32, exclude_mask: bool = False) -> float:
     """The Monte-Carlo masked-diffusion ELBO of ``continuation`` after ``prompt`` (see the
-    module docstring); ``samples`` draws, at most ``batch_size`` per forward."""
+    module docstring); ``samples`` draws, at most ``batch_size`` per forward.
+    ``exclude_mask``: log-probs over the non-mask tokens (``masked_elbo_nonmask``)."""
     from dlmkit.masks.bidirectional import bidirectional
 
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    if not isinstance(exclude_mask, bool):
+        raise TypeError(f"exclude_mask must be True or False, got {exclude_mask!r}")
     n, p = len(continuation), len(prompt)
     seq = torch.tensor(list(prompt) + list(continuation), device=runner.device)
     target = seq[p:]
@@ -70,8 +78,11 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
         x = seq.repeat(count, 1)
         x[:, p:] = torch.where(masked, mask_id, target)
         pos = torch.arange(p + n, device=runner.device).expand(count, -1)
-        logits = runner(x, bidirectional(p + n, None, device=runner.device), pos)
-        logp = torch.log_softmax(logits[:, p:], -1).gather(2, target.expand(count, -1)
+        logits = runner(x, bidirectional(p + n, None, device=runner.device), pos)[:, p:]
+        if exclude_mask:
+            logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
+                                               float("-inf"))
+        logp = torch.log_softmax(logits, -1).gather(2, target.expand(count, -1)
                                                           .unsqueeze(2)).squeeze(2)
         weight = n / drawn.to(runner.device).double()
         total += float(((logp.double() * masked).sum(1) * weight).sum())
@@ -120,4 +131,25 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
     return total / samples
 
 
-SCORERS = ("causal", "masked_elbo", "block_elbo")
+def elbo(scorer: str, runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
+         mask_id: int, samples: int, generator: torch.Generator, batch_size: int = 32,
+         block_size: int | None = None) -> float:
+    """The Monte-Carlo ELBO of ``continuation`` after ``prompt`` by the scorer a family names
+    (one of :data:`SCORERS` but ``causal``); ``block_size`` is ``block_elbo``'s trained block
+    (no other scorer takes one)."""
+    kwargs = {"mask_id": mask_id, "samples": samples, "generator": generator,
+              "batch_size": batch_size}
+    if scorer == "block_elbo":
+        return block_elbo(runner, prompt, continuation, block_size=block_size, **kwargs)
+    if block_size is not None:
+        raise ValueError(f"block_size is block_elbo's option; scorer {scorer!r} takes none, "
+                         f"got block_size={block_size!r}")
+    if scorer in ("masked_elbo", "masked_elbo_nonmask"):
+        return masked_elbo(runner, prompt, continuation,
+                           exclude_mask=scorer == "masked_elbo_nonmask", **kwargs)
+    raise ValueError(f"scorer must be one of {ELBO_SCORERS} (the Monte-Carlo ELBOs), got "
+                     f"{scorer!r}")
+
+
+ELBO_SCORERS = ("masked_elbo", "masked_elbo_nonmask", "block_elbo")
+SCORERS = ("causal", *ELBO_SCORERS)

@@ -16,8 +16,9 @@ class SCDDStrategy(MDLMStrategy):
 
     name = "scdd"
     sampler = "scdd"
-    # The absorbing-process bound with its denoiser (SCDD decodes with its own schedule).
-    likelihood = "masked_elbo"
+    # The absorbing-process bound with its denoiser, over the non-mask tokens: SCDDLoss and the
+    # scdd decoder both exclude the MASK logit, which training therefore never fits.
+    likelihood = "masked_elbo_nonmask"
     # t_min / time_sampling: mdlm's defaults (the clipped range and the batch-stratified draw of
     # the diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid. With the weight
     # average and 10000 steps below, t_min 0 -> 0.2 with iid -> stratified: tests/suite BPE

@@ -1,5 +1,6 @@
-"""The lm-evaluation-harness adapter: exact causal log-likelihoods, the Monte-Carlo ELBO, and
-lm-eval runs offline on local task definitions over JSONL files the test writes."""
+"""The lm-evaluation-harness adapter: exact causal log-likelihoods, the Monte-Carlo ELBOs
+through the adapter (their values: test_likelihood.py), and lm-eval runs offline on local task
+definitions over JSONL files the test writes."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlmkit.generate.likelihood import block_elbo, causal_loglikelihood, masked_elbo
+from dlmkit.generate.likelihood import causal_loglikelihood
 from dlmkit.generate.runner import Runner
 
-from .helpers import TOK, Rigged, V, positional_logits, prompt_ids, tiny_model
+from .helpers import TOK, prompt_ids, tiny_model
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -36,88 +37,6 @@ def test_causal_loglikelihood_is_exact():
         assert score == pytest.approx(want, abs=1e-4)
         assert is_greedy == (cont == greedy)
     assert [g for _, g in got] == [True, False, False]
-
-
-def test_masked_elbo_estimates_the_bound():
-    prompt, cont = [1, 2, 3], [7, 8, 9, 10]
-    # Input-independent uniform logits: every sample scores (L / l) * l * log(1/V) exactly.
-    seen = []
-
-    def uniform(ids, pos):
-        seen.append(ids.clone())
-        return torch.zeros(*ids.shape, V)
-
-    g = torch.Generator().manual_seed(0)
-    score = masked_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=TOK.mask_token_id,
-                        samples=10, generator=g, batch_size=4)
-    assert score == pytest.approx(-len(cont) * math.log(V))
-    rows = torch.cat(seen)
-    assert rows.shape == (10, 7) and (rows[:, :3] == torch.tensor(prompt)).all()
-    masked = rows[:, 3:] == TOK.mask_token_id
-    assert ((rows[:, 3:] == torch.tensor(cont)) | masked).all()
-    assert (masked.sum(1) >= 1).all() and (masked.sum(1) <= 4).all()
-
-    # Position-dependent log-probs: the mean of many draws approaches sum_i log p_i (for an
-    # input-independent model the ELBO is tight).
-    fn = positional_logits(sharp=2.0, target=lambda p: 7 + (p - 3) % 4)
-
-    def no_mask_bonus(ids, pos):
-        logits = fn(ids, pos)
-        logits[..., TOK.mask_token_id] = 0.0
-        logits[..., 9] += torch.where(pos == 6, 3.0, 0.0)  # position 6 (target 10) differs
-        return logits
-
-    logp = torch.log_softmax(no_mask_bonus(torch.zeros(1, 7, dtype=torch.long),
-                                           torch.arange(7).unsqueeze(0))[0], -1)
-    exact = sum(float(logp[3 + i, t]) for i, t in enumerate(cont))
-    estimate = masked_elbo(Runner(Rigged(no_mask_bonus)), prompt, cont,
-                           mask_id=TOK.mask_token_id, samples=4000,
-                           generator=torch.Generator().manual_seed(1), batch_size=1000)
-    assert estimate == pytest.approx(exact, rel=0.03)
-    with pytest.raises(ValueError, match="samples must be an int >= 1"):
-        masked_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=0, samples=0, generator=g)
-
-
-def test_block_elbo_estimates_the_bound():
-    prompt, cont = [1, 2, 3], [7, 8, 9, 10, 11]  # blocks of 4: [1 2 3 7] [8 9 10 11]
-    seen = []
-
-    def uniform(ids, pos):
-        seen.append((ids.clone(), pos.clone()))
-        return torch.zeros(*ids.shape, V)
-
-    g = torch.Generator().manual_seed(0)
-    score = block_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=TOK.mask_token_id,
-                       block_size=4, samples=12, generator=g, batch_size=5)
-    assert score == pytest.approx(-len(cont) * math.log(V))
-    ids = torch.cat([i for i, _ in seen])
-    assert ids.shape == (12, 16) and (ids[:, 8:] == torch.tensor(prompt + cont)).all()
-    assert (seen[0][1][0] == torch.arange(8).repeat(2)).all()  # [x_t | x_0] at [p | p]
-    noisy = ids[:, :8]
-    assert (noisy[:, :3] == torch.tensor(prompt)).all()
-    masked = noisy[:, 3:] == TOK.mask_token_id
-    assert ((noisy[:, 3:] == torch.tensor(cont)) | masked).all()
-    assert masked[:, :1].all()  # block 0 holds one continuation token: always masked
-    assert (masked[:, 1:].sum(1) >= 1).all()  # block 1: 1..4 of its 4
-
-    # Position-dependent log-probs: the mean approaches sum_i log p_i (tight for a model
-    # that ignores its input); scored from the x_t half only.
-    def positional(ids, pos):
-        logits = torch.zeros(*ids.shape, V)
-        target = torch.tensor(prompt + cont)[pos.clamp(max=7)]
-        logits.scatter_(-1, target.unsqueeze(-1), 1.0 + pos.unsqueeze(-1).float() / 2)
-        return logits
-
-    logp = torch.log_softmax(positional(torch.zeros(1, 8, dtype=torch.long),
-                                        torch.arange(8).unsqueeze(0))[0], -1)
-    exact = sum(float(logp[3 + i, t]) for i, t in enumerate(cont))
-    estimate = block_elbo(Runner(Rigged(positional)), prompt, cont, mask_id=TOK.mask_token_id,
-                          block_size=4, samples=4000, generator=torch.Generator().manual_seed(1),
-                          batch_size=1000)
-    assert estimate == pytest.approx(exact, rel=0.03)
-    with pytest.raises(ValueError, match="block_size must be an int >= 1"):
-        block_elbo(Runner(Rigged(uniform)), prompt, cont, mask_id=0, block_size=None,
-                   samples=1, generator=g)
 
 
 @pytest.fixture(scope="module")
@@ -203,9 +122,10 @@ def test_lm_eval_generation_and_loglikelihood_on_a_local_task(export, tmp_path, 
 def test_lm_eval_masked_diffusion_elbo_and_unanswerable_family(export, tmp_path, offline,
                                                               monkeypatch):
     write_tasks(tmp_path)
-    out = evaluate(export("mdlm"), ["tiny_mc"], tmp_path, mc_samples=4, batch_size=4)
-    scores = [s["resps"][0][0][0] for s in out["samples"]["tiny_mc"]]
-    assert all(math.isfinite(s) and s < 0 for s in scores)
+    for family in ("mdlm", "scdd"):  # scdd: over the non-mask tokens
+        out = evaluate(export(family), ["tiny_mc"], tmp_path, mc_samples=4, batch_size=4)
+        scores = [s["resps"][0][0][0] for s in out["samples"]["tiny_mc"]]
+        assert all(math.isfinite(s) and s < 0 for s in scores)
     out = evaluate(export("bd3lm", 4), ["tiny_mc"], tmp_path, mc_samples=4, batch_size=4)
     assert all(math.isfinite(s["resps"][0][0][0]) for s in out["samples"]["tiny_mc"])
     # A family without a scorer (as bd3lm was before block_elbo) gets a clear error.
