@@ -213,9 +213,15 @@ def corrupt_scdd(
     ``uniform_prob = uniform(t) * (K - 1) / K``, ``K = V - 1`` (a uniform draw that lands on
     the clean token leaves it unchanged, so only that share changes it). **``p_mask`` carries
     the diffusion time ``t``**, which the SCDD loss needs. ``t_min > 0`` clips the range as
-    :func:`corrupt_uniform`'s ``eps`` does (the loss then sums the bound's steps from
-    ``t_min`` on: the near-clean steps, whose terms swing most, are left out). The row's
-    uniform is stratified over the global batch with ``stratum [B]`` (as in
+    :func:`corrupt_uniform`'s ``eps`` does: only the ``T - first + 1`` grid points from
+    ``first = max(1, ceil(t_min T))`` on are drawn, each with mass ``1 / (T - first + 1)``.
+    :class:`~.losses.SCDDLoss` is ``T`` times the drawn step's KL, so its expectation is then
+    ``T / (T - first + 1)`` times the sum of the bound's steps from ``first`` on (about 1.25
+    times that partial sum at ``t_min = 0.2``), not the partial sum itself: the near-clean
+    steps, whose terms swing most, are left out, and the kept ones are scaled up as
+    :func:`corrupt_uniform`'s clipped range scales its kept levels. ``t_min = 0``: the whole
+    bound (the NELBO). The row's uniform is stratified over the global batch with
+    ``stratum [B]`` (as in
     :func:`corrupt_uniform`; :mod:`dlmkit.diffusion.timesteps`); the draws are the same.
     Draws per row: ``t``, then :func:`corrupt_mix`'s.
     """

@@ -422,3 +422,64 @@ def test_scdd_strategy_gives_its_loss_the_tokenizers_vocabulary():
 
     strategy = strategies.get("scdd")({}, mask_token_id=5, vocab_size=8)
     assert strategy.loss_fn.vocab_size == 8
+
+
+@pytest.mark.parametrize("t_min, first", [(0.0, 1), (0.4, 2), (0.5, 3)])
+def test_scdd_expected_loss_is_the_scaled_sum_of_the_kept_steps(monkeypatch, t_min, first):
+    """corrupt_scdd + SCDDLoss, in expectation (enumerated exactly over the times and the
+    corrupted tokens), is ``T / (T - first + 1)`` times the sum of the bound's steps ``i/T``
+    from ``first`` on; each step from the forward marginal ``q(z_t | x)`` and the brute-force
+    KL. ``t_min = 0``: the whole NELBO."""
+    from dlmkit.diffusion import corruption
+
+    T, V, mask, x = 5, 4, 3, 0
+    kw = {"max_ratio": 0.3, "gamma_shape": 1.0, "t_peak": 0.5}
+    points = T - first + 1
+    channels = []  # corrupt_mix's (mask_prob, uniform_prob) per row, as corrupt_scdd sets them
+    mix = corruption.corrupt_mix
+
+    def recording(*args, mask_prob, uniform_prob, **rest):
+        channels.append((torch.as_tensor(mask_prob).reshape(-1).tolist(),
+                         torch.as_tensor(uniform_prob).reshape(-1).tolist()))
+        return mix(*args, mask_prob=mask_prob, uniform_prob=uniform_prob, **rest)
+
+    monkeypatch.setattr(corruption, "corrupt_mix", recording)
+    # The time is floor(u * points) + first with u uniform: `points` rows in `points` strata
+    # draw each kept grid time once, i.e. its exact distribution (mass 1 / points each).
+    ids = torch.full((points, 1), x)
+    _, _, t = corrupt_scdd(ids, torch.ones(points, 1), mask, V, num_timesteps=T, t_min=t_min,
+                           stratum=torch.arange(points, dtype=torch.float64) / points,
+                           num_strata=points, generator=torch.Generator().manual_seed(0), **kw)
+    times = t[:, 0].tolist()
+    assert sorted(times) == pytest.approx([i / T for i in range(first, T + 1)])
+    (absorbed, changed), = channels
+    row = LOGITS[0, 1, :V]
+    loss = SCDDLoss(mask, num_timesteps=T, chunk_size=None, **kw)
+
+    def loss_at(z, time):
+        return loss(logits=row.view(1, 1, -1), target_ids=torch.tensor([[x]]),
+                    noisy_ids=torch.tensor([[z]]), p_mask=torch.tensor([[time]]),
+                    loss_mask=torch.ones(1, 1)).total.item()
+
+    others = [v for v in range(V) if v not in (x, mask)]
+    expected = sum((absorbed[r] * loss_at(mask, time)
+                    + (1 - absorbed[r] - changed[r]) * loss_at(x, time)
+                    + sum(changed[r] / len(others) * loss_at(z, time) for z in others))
+                   / points for r, time in enumerate(times))
+
+    def sched(u):
+        m = scdd_schedule(torch.tensor(u, dtype=torch.float64), **kw)
+        return m.gamma.item(), m.rho.item()
+
+    def step(i):  # the bound's step i/T: E over z ~ q(z_t | x) of KL(q(z_s | z_t, x) || p)
+        gamma, rho = sched(i / T)
+        k = V - 1
+        marginal = {mask: 1 - gamma, x: gamma * (rho + (1 - rho) / k),
+                    **{z: gamma * (1 - rho) / k for z in others}}
+        return sum(q * scdd_step_kl(row, x, z, mask, i / T, T, sched) / T
+                   for z, q in marginal.items() if q > 0)
+
+    kept = sum(step(i) for i in range(first, T + 1))
+    assert expected == pytest.approx(T / points * kept, rel=1e-4)
+    if first > 1:  # the scale is there: the expectation is not the partial sum itself
+        assert abs(expected - kept) > 0.1 * kept
