@@ -57,17 +57,28 @@ def _opt_int(name: str, value: Any, minimum: int) -> int | None:
     return value
 
 
-def _ceil_to(n: int, multiple: int) -> int:
+def _ceil_to(n, multiple: int):
+    """``n`` (an int or an integer tensor) rounded up to a multiple of ``multiple``."""
     return -(-n // multiple) * multiple
 
 
-def _last_run_start(mask: torch.Tensor) -> int:
-    """Start of the last run of 1s in ``mask`` (its length when nothing is supervised)."""
-    ones = torch.nonzero(mask).flatten()
-    if ones.numel() == 0:
-        return mask.numel()
-    gaps = torch.nonzero(ones[1:] != ones[:-1] + 1).flatten()
-    return int(ones[gaps[-1] + 1]) if gaps.numel() else int(ones[0])
+def _last_run_starts(masks: torch.Tensor, offsets: torch.Tensor,
+                     ends: torch.Tensor) -> torch.Tensor:
+    """Where the last run of supervised positions before ``ends[i]`` starts in sample ``i``,
+    counted from the sample's start (``ends[i] - offsets[i]`` when it has none there).
+    ``masks``: the samples' loss masks laid end to end, sample ``i`` at
+    ``[offsets[i], offsets[i + 1])``; ``ends``: flat positions within each sample's span."""
+    on = masks != 0
+    starts = offsets[:-1]
+    begins_sample = torch.zeros_like(on)
+    begins_sample[starts[starts < on.numel()]] = True
+    previous = torch.cat([on.new_zeros(1), on[:-1]])
+    run_start = on & (~previous | begins_sample)
+    # A -1 in front so every search finds an entry; it lies before every sample's start.
+    positions = torch.cat([torch.full((1,), -1, dtype=torch.long),
+                           torch.nonzero(run_start).flatten()])
+    last = positions[torch.searchsorted(positions, ends) - 1]
+    return torch.where(last >= starts, last - starts, ends - starts)
 
 
 class Collator:
@@ -167,6 +178,55 @@ class Collator:
             f"pack={self.pack}, pad_to={self.pad_to})"
         )
 
+    def keeps(self, masks: torch.Tensor, offsets: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What this collator keeps of each of ``N`` samples: ``(kept, aligned, supervised)``,
+        each ``LongTensor [N]``: content tokens kept (``c``, after the length cap), that
+        span with its block fill (``f``), and supervised tokens among the kept ones.
+
+        ``masks``: the samples' loss masks laid end to end, sample ``i`` at
+        ``[offsets[i], offsets[i + 1])`` (``offsets``: ``LongTensor [N + 1]``, from 0).
+
+        The one count of what the cap keeps: the collator lays out its rows with it and the
+        length-cap report and ``data.truncation`` (:mod:`dlmkit.train.truncation`) count with
+        it, so they cannot disagree. With ``fill_from_response`` a response keeps only the whole
+        blocks (counted from its start) that fit under the cap: a sample shorter than the cap
+        can be cut, and one whose response starts less than a block before the cap keeps none
+        of it."""
+        return self._keeps(masks, offsets, self.max_seq_len)
+
+    def needs(self, masks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The least ``max_seq_len`` that keeps each sample whole, ``LongTensor [N]`` (arguments
+        as :meth:`keeps`): its block-filled span rounded up to the alignment unit."""
+        return _ceil_to(self._keeps(masks, offsets, None)[1], self.unit)
+
+    def _keeps(self, masks: torch.Tensor, offsets: torch.Tensor, cap: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        masks = torch.as_tensor(masks)
+        offsets = torch.as_tensor(offsets, dtype=torch.long)
+        if masks.dim() != 1 or offsets.dim() != 1 or offsets.numel() == 0 or \
+                int(offsets[0]) != 0 or int(offsets[-1]) != masks.numel() or \
+                bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError(f"offsets must rise from 0 to len(masks) = {masks.numel()} "
+                             f"(sample i at [offsets[i], offsets[i + 1])), got "
+                             f"{offsets.tolist()!r:.80}")
+        starts, sizes = offsets[:-1], offsets[1:] - offsets[:-1]
+        kept = sizes if cap is None else sizes.clamp(max=cap)
+        if self.fill_from_response:
+            response = _last_run_starts(masks, offsets, starts + kept)
+            aligned = response + _ceil_to(kept - response, self.block_size)
+            if cap is not None:
+                # The response's blocks start at the response, so its last block can overrun
+                # the cap: keep the whole blocks that fit (the cut is counted as truncation).
+                # A response starting less than a block before the cap keeps nothing.
+                aligned = torch.where(aligned <= cap, aligned, response + (cap - response)
+                                      // self.block_size * self.block_size)
+                kept = torch.minimum(kept, aligned)
+        else:
+            aligned = _ceil_to(kept, self.block_size)
+        totals = torch.cat([kept.new_zeros(1), (masks != 0).long().cumsum(0)])
+        return kept, aligned, totals[starts + kept] - totals[starts]
+
     def _sample(self, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Shape and type checks for one sample; value checks run once on the whole batch."""
         if not isinstance(sample, Mapping):
@@ -231,26 +291,15 @@ class Collator:
             raise ValueError(f"samples must be a non-empty list of dicts, got {samples!r:.80}")
         parsed = [self._sample(i, s) for i, s in enumerate(samples)]
         cap = self.max_seq_len
-        kept_list = [p[0].numel() if cap is None else min(p[0].numel(), cap) for p in parsed]
-        if self.fill_from_response:
-            starts = [_last_run_start(p[1][:k]) for p, k in zip(parsed, kept_list)]
-            aligned_list = [a + _ceil_to(k - a, self.block_size)
-                            for a, k in zip(starts, kept_list)]
-            if cap is not None:
-                # The response's blocks start at the response, so its last block can overrun
-                # the cap: keep the whole blocks that fit (the cut is counted as truncation).
-                aligned_list = [a if a <= cap else st + (cap - st) // self.block_size
-                                * self.block_size for a, st in zip(aligned_list, starts)]
-                kept_list = [min(k, a) for k, a in zip(kept_list, aligned_list)]
+        sizes = torch.tensor([p[0].numel() for p in parsed])
+        kept, aligned, _ = self.keeps(torch.cat([p[1] for p in parsed]),
+                                      torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]))
+        kept_list = kept.tolist()
         flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
         flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
         self._check_values(parsed, flat_ids, flat_mask)
-        if not self.fill_from_response:
-            aligned_list = [_ceil_to(k, self.block_size) for k in kept_list]
-        rows_l, offsets_l, numbers_l = self._place(aligned_list)
+        rows_l, offsets_l, numbers_l = self._place(aligned.tolist())
 
-        kept = torch.tensor(kept_list)
-        aligned = torch.tensor(aligned_list)
         # Where each row's padding ends with pad_to (not packed: one sample per row).
         extent = None if self.pad_to is None else aligned.clamp_min(self.pad_to)
         row = torch.tensor(rows_l)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from dlmkit.data.collate import Collator
 from dlmkit.data.records import (
     DataError,
     Record,
@@ -132,14 +133,15 @@ class SFTDataset(torch.utils.data.Dataset):
         longest = torch.zeros(len(self), dtype=torch.long)
         return longest.scatter_reduce_(0, example_of_run, run_len, "amax")
 
-    def supervised_within(self, cap: int) -> torch.Tensor:
-        """Supervised tokens among the first ``cap`` of every example, ``LongTensor [N]``
-        (what a length cap of ``cap`` keeps)."""
-        totals = torch.cat([self._mask.new_zeros(1, dtype=torch.long),
-                            self._mask.long().cumsum(0)])
-        starts = self._offsets[:-1]
-        ends = torch.minimum(self._offsets[1:], starts + cap)
-        return totals[ends] - totals[starts]
+    def kept_by(self, collator: Collator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What ``collator`` keeps of every example under its length cap: ``(kept, aligned,
+        supervised)``, each ``LongTensor [N]`` (see :meth:`Collator.keeps`)."""
+        return collator.keeps(self._mask, self._offsets)
+
+    def needed_by(self, collator: Collator) -> torch.Tensor:
+        """The least ``max_seq_len`` with which ``collator`` keeps each example whole,
+        ``LongTensor [N]`` (see :meth:`Collator.needs`)."""
+        return collator.needs(self._mask, self._offsets)
 
     def subset(self, indices: Sequence[int]) -> SFTDataset:
         """A dataset of the examples at ``indices`` (in that order), renumbered from 0."""

@@ -446,7 +446,7 @@ def build_components(config: dict, world: World) -> Components:
                           "byte tokenizer has one byte per piece); set it to 0 or use a BPE")
     collator = build_collator(config, tokenizer, strategy)
     train_set, val_set, cap_reports = apply_length_cap_policy(
-        *build_datasets(config, tokenizer), collator.max_seq_len, config)
+        *build_datasets(config, tokenizer), collator, config)
     # Rebuilt with the row length now that the training set is known (the first one only had
     # to give the length cap).
     collator = build_collator(config, tokenizer, strategy,
@@ -490,14 +490,14 @@ def check_setup(config: dict, device: torch.device) -> None:
 
 
 def apply_length_cap_policy(train_set: SFTDataset, val_set: SFTDataset | None,
-                            cap: int | None, config: dict):
+                            collator: Collator, config: dict):
     """The data as ``data.truncation`` says it is trained, and what was cut of each split."""
     d = config["data"]
-    train_set, report = apply_length_cap(train_set, cap, d["truncation"], "training",
+    train_set, report = apply_length_cap(train_set, collator, d["truncation"], "training",
                                          d["max_seq_len"])
     reports = [report]
     if val_set is not None:
-        val_set, val_report = apply_length_cap(val_set, cap, d["truncation"], "validation",
+        val_set, val_report = apply_length_cap(val_set, collator, d["truncation"], "validation",
                                                d["max_seq_len"])
         reports.append(val_report)
     return train_set, val_set, tuple(reports)

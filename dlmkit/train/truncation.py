@@ -1,14 +1,18 @@
 """What ``data.max_seq_len`` does to the data, counted and reported before training.
 
 The collator keeps the first ``cap`` tokens of a record (``cap`` = ``data.max_seq_len`` rounded
-down to the strategy's block; see :class:`~dlmkit.data.Collator`). Cutting a prompt is harmless
-to the loss, cutting a response loses supervised tokens, and a record whose whole response lies
-beyond the cap trains on nothing: with every record like that a run would "succeed" at loss 0.
-``data.truncation`` decides what happens to cut records:
+down to the strategy's block); a strategy whose blocks start at the response
+(``fill_from_response``, block_diffusion) keeps only the response's whole blocks that fit, so
+it can cut a record shorter than the cap and empty one whose response starts less than a block
+before it. Every count here comes from :meth:`~dlmkit.data.Collator.keeps`, the function the
+collator lays out its rows with, so the report says what training sees. Cutting a prompt is
+harmless to the loss, cutting a response loses supervised tokens, and a record whose whole
+response is cut trains on nothing: with every record like that a run would "succeed" at
+loss 0. ``data.truncation`` decides what happens to cut records:
 
 * ``error`` (default): cut records are kept, truncated; one left without any supervised token
   is an error naming it;
-* ``drop``: every record longer than the cap is left out;
+* ``drop``: every record the cap cuts is left out;
 * ``truncate``: every record is kept, cut, even those left without supervised tokens.
 
 Whatever the policy, the counts are reported, and data with no supervised token left is an
@@ -19,9 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from dlmkit.data import SFTDataset
+from dlmkit.data import Collator, SFTDataset
 
 from .config import ConfigError
 
@@ -33,7 +35,7 @@ class CapReport:
     split: str
     cap: int | None
     records: int
-    cut: int              # records longer than the cap
+    cut: int              # records the cap cuts (some content not trained)
     emptied: int          # cut records left without a supervised token
     supervised: int       # supervised tokens before the cap
     lost: int             # supervised tokens not trained: beyond the cap, or in dropped records
@@ -45,7 +47,7 @@ class CapReport:
         share = 100.0 * self.lost / max(self.supervised, 1)
         if self.dropped:
             return (f"data: {cap}: dropped the {self.dropped} of {self.records} {self.split} "
-                    f"records longer than the cap (data.truncation=drop), {self.lost} of "
+                    f"records it cuts (data.truncation=drop), {self.lost} of "
                     f"{self.supervised} supervised tokens with them ({share:.1f}%)")
         text = (f"data: {cap} cuts {self.cut} of {self.records} {self.split} records; "
                 f"{self.lost} of {self.supervised} supervised tokens lost ({share:.1f}%)")
@@ -54,45 +56,56 @@ class CapReport:
         return text
 
 
-def apply_length_cap(dataset: SFTDataset, cap: int | None, policy: str, split: str,
-                     requested: int) -> tuple[SFTDataset, CapReport]:
-    """``dataset`` as it will be trained under ``policy`` (see the module doc) and its counts.
+def apply_length_cap(dataset: SFTDataset, collator: Collator, policy: str, split: str,
+                     requested: int | None) -> tuple[SFTDataset, CapReport]:
+    """``dataset`` as ``collator`` will train it under ``policy`` (see the module doc) and
+    its counts; ``requested`` is ``data.max_seq_len`` as written (for the messages).
 
     Raises ConfigError when ``policy`` is ``error`` and a record is left without supervised
     tokens, or when no supervised token is left at all."""
     lengths = dataset.lengths
     supervised = dataset.supervised_lengths
     n = len(dataset)
-    if cap is None:
-        kept_supervised = supervised
-        cut = torch.zeros(n, dtype=torch.bool)
-    else:
-        kept_supervised = dataset.supervised_within(cap)
-        cut = lengths > cap
+    kept, _, kept_supervised = dataset.kept_by(collator)
+    cut = kept < lengths
     emptied = cut & (kept_supervised == 0) & (supervised > 0)
-    report = CapReport(split, cap, n, int(cut.sum()), int(emptied.sum()), int(supervised.sum()),
-                       int((supervised - kept_supervised).sum()))
+    report = CapReport(split, collator.max_seq_len, n, int(cut.sum()), int(emptied.sum()),
+                       int(supervised.sum()), int((supervised - kept_supervised).sum()))
     if report.emptied and policy == "error":
         where = [dataset.sources[i] for i in emptied.nonzero().flatten()[:3].tolist()]
-        longest = int(lengths.max())
         raise ConfigError(
             f"data.max_seq_len={requested} cuts the whole response of {report.emptied} of {n} "
-            f"{split} records (e.g. {', '.join(where)}): they would train on nothing. Raise "
-            f"data.max_seq_len (the longest record has {longest} tokens), or set "
-            f"data.truncation=drop (leave out records longer than the cap) or "
+            f"{split} records (e.g. {', '.join(where)}){_blocks_note(collator)}: they would "
+            f"train on nothing. Raise data.max_seq_len ({_whole(dataset, collator)}), or set "
+            f"data.truncation=drop (leave out the records it cuts) or "
             f"data.truncation=truncate (keep them cut)")
     if policy == "drop" and report.cut:
         keep = (~cut).nonzero().flatten().tolist()
         if not keep:
-            raise ConfigError(f"data.max_seq_len={requested} with data.truncation=drop leaves no "
-                              f"{split} record: every one is longer (the shortest has "
-                              f"{int(lengths.min())} tokens)")
+            raise ConfigError(
+                f"data.max_seq_len={requested} with data.truncation=drop leaves no {split} "
+                f"record: it cuts every one{_blocks_note(collator)} (the least that keeps one "
+                f"whole is data.max_seq_len={int(dataset.needed_by(collator).min())})")
         dataset = dataset.subset(keep)
         report.dropped = report.cut
         report.lost = int(supervised[cut].sum())
-    left = int(dataset.supervised_within(cap).sum()) if cap is not None \
-        else report.supervised
-    if left == 0:
+    if int(dataset.kept_by(collator)[2].sum()) == 0:
         raise ConfigError(f"no supervised token is left in the {split} data under "
                           f"data.max_seq_len={requested}: the run would train on nothing")
     return dataset, report
+
+
+def _blocks_note(collator: Collator) -> str:
+    if not collator.fill_from_response or collator.block_size == 1:
+        return ""
+    return (f"; a response keeps only its whole blocks of {collator.block_size} tokens that "
+            f"fit under the cap of {collator.max_seq_len}")
+
+
+def _whole(dataset: SFTDataset, collator: Collator) -> str:
+    """The longest record and, where block rounding or fill needs more, the cap that keeps
+    every record whole."""
+    longest, need = int(dataset.lengths.max()), int(dataset.needed_by(collator).max())
+    text = f"the longest record has {longest} tokens"
+    return text if need == longest else \
+        f"{text}; data.max_seq_len={need} keeps every record whole"

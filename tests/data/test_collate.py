@@ -466,3 +466,66 @@ def test_pad_to_needs_supervised_padding_and_no_packing():
         Collator(pad_token_id=PAD, supervise_padding=True, pad_to=4, pack=True, max_seq_len=16)
     with pytest.raises(ValueError, match="pad_to must be None or an int >= 1"):
         Collator(pad_token_id=PAD, supervise_padding=True, pad_to=0)
+
+
+def kept_reference(mask, *, cap, block_size, fill_from_response):
+    """What the collator keeps of one sample, position by position: (content kept, span with
+    its block fill, supervised tokens kept)."""
+    kept = len(mask) if cap is None else min(len(mask), cap)
+    if not fill_from_response:
+        return kept, math.ceil(kept / block_size) * block_size, sum(mask[:kept])
+    start = kept  # where the last supervised run within the kept tokens begins
+    for i in range(kept - 1, -1, -1):
+        if mask[i] and (i == 0 or not mask[i - 1]):
+            start = i
+            break
+    aligned = start + math.ceil((kept - start) / block_size) * block_size
+    if cap is not None and aligned > cap:  # only the response's whole blocks under the cap
+        aligned = start + (cap - start) // block_size * block_size
+        kept = min(kept, aligned)
+    return kept, aligned, sum(mask[:kept])
+
+
+@given(st.lists(st.lists(st.integers(0, 1), max_size=30), min_size=1, max_size=6),
+       st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, 8, 12, 16, 24]), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_keeps_counts_what_the_rows_hold(masks, block_size, max_seq_len, fill_from_response):
+    """``Collator.keeps`` is the count the length-cap report and ``data.truncation`` use: it
+    must equal a position-by-position statement and what the collated rows hold."""
+    collate = Collator(pad_token_id=PAD, eos_token_id=EOS, block_size=block_size,
+                       max_seq_len=max_seq_len, fill_from_response=fill_from_response)
+    samples = [{"input_ids": [5] * len(m), "loss_mask": m, "sample_index": i}
+               for i, m in enumerate(masks)]
+    sizes = torch.tensor([len(m) for m in masks])
+    kept, aligned, supervised = collate.keeps(
+        torch.tensor(sum(masks, []), dtype=torch.long),
+        torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]))
+    expected = [kept_reference(m, cap=collate.max_seq_len, block_size=block_size,
+                               fill_from_response=fill_from_response) for m in masks]
+    assert list(zip(kept.tolist(), aligned.tolist(), supervised.tolist())) == expected
+    out = collate(samples)
+    assert out["lengths"].tolist() == kept.tolist()
+    content = torch.arange(out["loss_mask"].shape[1])[None, :] < out["lengths"][:, None]
+    assert (out["loss_mask"] * content).sum(1).tolist() == supervised.tolist()
+    assert out["truncated"].tolist() == (kept < sizes).tolist()
+
+
+def test_keeps_a_response_starting_less_than_a_block_before_the_cap_keeps_nothing():
+    """A 14-token sample under a cap of 16: its response starts at 11, its one block of 8 would
+    end at 19, so no block of it fits: the whole response is cut although the sample is
+    shorter than the cap; the least cap that keeps it whole is 24."""
+    collate = Collator(pad_token_id=PAD, eos_token_id=EOS, block_size=8, max_seq_len=16,
+                       fill_from_response=True)
+    mask = torch.tensor([0] * 11 + [1] * 3)
+    offsets = torch.tensor([0, 14])
+    assert [t.tolist() for t in collate.keeps(mask, offsets)] == [[11], [11], [0]]
+    assert collate.needs(mask, offsets).tolist() == [24]
+    out = collate([{"input_ids": [5] * 14, "loss_mask": mask.tolist(), "sample_index": 0}])
+    assert out["loss_mask"].sum() == 0 and out["truncated"].tolist() == [True]
+
+
+@pytest.mark.parametrize("offsets", [[0, 3], [1, 4], [0, 3, 2, 4], [[0, 4]]])
+def test_keeps_rejects_offsets_that_do_not_cover_the_masks(offsets):
+    collate = Collator(pad_token_id=PAD, max_seq_len=8)
+    with pytest.raises(ValueError, match=r"offsets must rise from 0 to len\(masks\) = 4"):
+        collate.keeps(torch.ones(4, dtype=torch.long), torch.tensor(offsets))
