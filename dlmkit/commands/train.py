@@ -93,11 +93,14 @@ def training_defaults(cls) -> str:
 
 
 def _interrupted_message(err, args) -> str:
-    """Two lines: where the run stopped, and the command that continues it."""
+    """Two lines: where the run stopped (and by which signal), and the command that continues
+    it."""
     import shlex
+    import signal
 
+    how = "terminated by SIGTERM" if err.signal == signal.SIGTERM else "interrupted"
     if err.step is None or err.run_dir is None:
-        return "interrupted before training started; nothing was trained"
+        return f"{how} before training started; nothing was trained"
     if err.checkpoint is not None:
         saved = f"the last checkpoint is {err.checkpoint}"
         again = f"resume with: dlmkit train --output-dir {shlex.quote(str(err.run_dir))} --resume"
@@ -105,7 +108,7 @@ def _interrupted_message(err, args) -> str:
         saved = "no checkpoint was written yet (see train.save_every)"
         argv = [a for a in (args.argv or []) if a not in ("--overwrite", "--resume")]
         again = "start again with: dlmkit " + shlex.join([*argv, "--overwrite"])
-    return f"interrupted at step {err.step}; {saved}\n{again}"
+    return f"{how} at step {err.step}; {saved}\n{again}"
 
 
 def run_train(args) -> int:
@@ -135,7 +138,7 @@ def run_train(args) -> int:
             allow_config_change=args.allow_config_change)
     except TrainingInterrupted as err:
         print(_interrupted_message(err, args), file=sys.stderr)
-        return 130
+        return 128 + err.signal  # what a shell reports for a command killed by it: 130, 143
     except (ValueError, FileNotFoundError, CheckpointError) as err:
         raise SystemExit(f"error: {err}") from None
     return 0

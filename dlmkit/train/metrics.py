@@ -7,7 +7,11 @@ from pathlib import Path
 
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool, resume_step: int = 0) -> None:
+    """``metrics.jsonl``, and with ``tensorboard`` (a directory) the same numbers as TensorBoard
+    scalars ``<split>/<name>`` (``train/loss``, ``validation/loss``, ...) at their step."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int = 0,
+                 tensorboard: Path | None = None) -> None:
         self.path = Path(path)
         self.enabled = enabled
         if enabled and resume_step and self.path.is_file():
@@ -17,11 +21,29 @@ class MetricsLog:
             self.path.write_text("".join(line + "\n" for line in kept))
         elif enabled:
             self.path.write_text("")
+        self.board = None
+        if enabled and tensorboard is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: TensorBoard hides the events a previous session wrote past the
+            # checkpoint we resume from, as metrics.jsonl drops them above.
+            self.board = SummaryWriter(str(tensorboard), purge_step=resume_step or None)
 
     def write(self, record: dict) -> None:
         if self.enabled:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            split, step = record["split"], record["step"]
+            for name, value in record.items():
+                if name not in ("split", "step") and isinstance(value, (int, float)):
+                    self.board.add_scalar(f"{split}/{name}", value, step)
+            self.board.flush()  # a killed run keeps what it logged
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
 
 def plot_loss_curve(metrics_path: Path, out_path: Path) -> Path | None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -41,9 +43,9 @@ from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, w
 from .ema import WeightAverage
 from .metrics import MetricsLog, plot_loss_curve
 from .preflight import check_attention, check_device, check_model_overrides
-from .progress import Progress
-from .resume import ResumePlan, plan_resume
-from .rundir import check_new_run_dir, check_writable, create_run_dir
+from .progress import Progress, data_summary
+from .resume import ResumePlan, data_fingerprints, plan_resume, record_data_files
+from .rundir import check_new_run_dir, check_writable, create_run_dir, lock_run_dir
 from .truncation import apply_length_cap
 
 
@@ -334,12 +336,27 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run: where it stopped and what survives (the CLI prints it). Still a
-    KeyboardInterrupt, so code that calls :func:`run` handles it as before."""
+    """Ctrl-C (SIGINT) or SIGTERM during a run: where it stopped, what survives and which
+    signal (the CLI prints it and exits with 128 + ``signal``). Still a KeyboardInterrupt, so
+    code that calls :func:`run` handles it as before."""
 
-    def __init__(self, run_dir: Path | None, step: int | None, checkpoint: Path | None) -> None:
+    def __init__(self, run_dir: Path | None, step: int | None, checkpoint: Path | None,
+                 signum: int = signal.SIGINT) -> None:
         self.run_dir, self.step, self.checkpoint = run_dir, step, checkpoint
+        self.signal = signum
         super().__init__(f"interrupted at step {step}")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler preempting the job, ``kill``), raised where the run is so that it
+    unwinds like Ctrl-C: lock released, the resume command printed."""
+
+    signal = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up
+    raise _Terminated()
 
 
 @dataclass
@@ -348,6 +365,8 @@ class _Status:
 
     run_dir: Path | None = None
     step: int | None = None
+    lock: object | None = None     # the run directory's RunLock, released by run()
+    metrics: MetricsLog | None = None
 
 
 def run(config: dict, *, resume: bool = False, overwrite: bool = False,
@@ -366,18 +385,29 @@ def run(config: dict, *, resume: bool = False, overwrite: bool = False,
     check_device(config["train"]["device"])  # before torch.cuda is touched
     world = init_world(config["train"]["device"])
     status = _Status()
+    # SIGTERM ends a run like Ctrl-C (only the main thread may set a handler).
+    on_term = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_term else None
     try:
         run_dir = _run(config, world, plan, overwrite, status)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         shutdown(world, clean=False)
         # What is on disk, not what the loop last recorded: Ctrl-C can land after a
         # checkpoint's rename but before save_checkpoint returns, and a message saying "no
         # checkpoint" would then suggest --overwrite, which deletes it.
         raise TrainingInterrupted(status.run_dir, status.step,
-                                  newest_complete_checkpoint(status.run_dir)) from None
+                                  newest_complete_checkpoint(status.run_dir),
+                                  getattr(err, "signal", signal.SIGINT)) from None
     except BaseException:
         shutdown(world, clean=False)
         raise
+    finally:
+        if status.metrics is not None:
+            status.metrics.close()
+        if status.lock is not None:
+            status.lock.release()
+        if on_term:
+            signal.signal(signal.SIGTERM, previous)
     shutdown(world)
     return run_dir
 
@@ -517,10 +547,11 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         dist.broadcast_object_list(shared, src=0)
         run_dir = Path(shared[0])
     status.run_dir = run_dir
+    check_writable(run_dir)
+    # Held to the end (run() releases it): a second run into this directory is an error.
+    status.lock = lock_run_dir(run_dir, world)
     if plan is None:
         check_new_run_dir(run_dir, overwrite=overwrite)
-    else:
-        check_writable(run_dir)
     # Messages (data and resume reports, validation losses) print whatever train.progress
     # says; the step display starts once the first step is known.
     messages = Progress(enabled=world.is_main, show_steps=False, total=t["steps"], initial=0,
@@ -530,6 +561,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         if report.cut:
             messages.message(report.line(config["data"]["max_seq_len"]))
     for line in c.budget_report:
+        messages.message(line)
+    for line in data_summary(c.train_set, c.val_set, config):
         messages.message(line)
     tokenizer, strategy, collator = c.tokenizer, c.strategy, c.collator
     train_set, val_set, sampler = c.train_set, c.val_set, c.sampler
@@ -549,14 +582,22 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         if start == t["steps"]:
             messages.message(f"resume: the run is already at train.steps={start}; nothing to "
                              "train (extend it with --set train.steps=N)")
+        else:
+            messages.message(f"resuming from step {start} of {t['steps']} (checkpoint "
+                             f"{plan.point.path})")
     elif world.is_main:
         create_run_dir(run_dir, overwrite=overwrite)
     barrier(world)
     if world.is_main:
         (run_dir / "config.yaml").write_text(dump_yaml(config))
+        # What a resume checks the data files against (dlmkit.train.resume).
+        record_data_files(run_dir, plan.data_files if plan is not None
+                          else data_fingerprints(config))
         if plan is not None:
             plan.record(run_dir, start)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
+    metrics = status.metrics = MetricsLog(
+        run_dir / "metrics.jsonl", world.is_main, resume_step=start,
+        tensorboard=run_dir / "tensorboard" if t["tensorboard"] else None)
     best = BestModel(run_dir, enabled=val_set is not None and t["final_model"] == "best",
                      is_main=world.is_main)
     if not sys.stderr.isatty():  # transformers' shard-writing bar (exports of best/, final/):

@@ -8,12 +8,22 @@ difference would silently train something else than the config says (a new ``lr`
 the restored optimizer, a new strategy relabelling the export, a new model failing with a size
 mismatch), so it is an error listing every such key with both values, unless
 ``allow_config_change`` is given, and then the differences are recorded too.
+
+The data files are checked the same way: config.yaml names them by absolute path (see
+:func:`~dlmkit.train.config.load_config`), and ``RUN/data_files.json`` records each one's size
+and SHA-256 when the run starts (:func:`data_fingerprints`); a file that has changed or gone
+since is listed with the config differences. A content hash rather than size + mtime: a run
+and its data copied to another machine (``cp``, ``rsync`` without ``-t``) get new mtimes but
+are the same data, and an edit that keeps the size within the clock's resolution is still
+seen. It costs one read of the data per start (about 1 s per GB).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +42,7 @@ from .config import (
 )
 
 CHANGES_FILE = "config_changes.jsonl"
+DATA_FILES = "data_files.json"
 _UNSET = "(unset)"
 
 
@@ -45,6 +56,8 @@ class ResumePlan:
     forced: dict[str, tuple] = field(default_factory=dict)    # other keys, allowed by the flag
     # Strategy options an older checkpoint does not record, kept at the values it trained with.
     former: dict = field(default_factory=dict)
+    data_files: dict[str, str] = field(default_factory=dict)  # path -> fingerprint, now
+    notes: list[str] = field(default_factory=list)  # what could not be checked, and why
 
     def record(self, run_dir: Path, step: int) -> None:
         """Append the changes to ``RUN/config_changes.jsonl`` (nothing when none)."""
@@ -60,6 +73,7 @@ class ResumePlan:
     def summary(self) -> list[str]:
         lines = [f"resume: {note}; resuming from {self.point.path} instead, the newest "
                  "complete checkpoint" for note in self.point.notes]
+        lines += [f"resume: {note}" for note in self.notes]
         if self.former:
             kept = ", ".join(f"strategy.{k}={v!r}" for k, v in self.former.items())
             lines.append(f"resume: {self.point.path} does not record {kept} (older dlmkit); "
@@ -70,6 +84,72 @@ class ResumePlan:
         for key, (old, new) in self.forced.items():
             lines.append(f"resume: {key}: {old!r} -> {new!r} (forced by --allow-config-change)")
         return lines
+
+
+def data_files(config: dict) -> list[str]:
+    """The data files (or saved dataset directories) ``config`` trains and validates on."""
+    d = config["data"]
+    return [str(p) for p in [*d["train_files"], *d["validation_files"]]]
+
+
+def _fingerprint(path: str) -> str:
+    """``"<bytes> bytes, sha256 <hex>"`` of a file, or of every file under a directory (their
+    relative names hashed too); ``"missing"`` when there is nothing at ``path``."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return f"{os.path.getsize(path)} bytes, sha256 {digest}"
+    if os.path.isdir(path):
+        h, size = hashlib.sha256(), 0
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                h.update(os.path.relpath(full, path).encode() + b"\0")
+                with open(full, "rb") as f:
+                    h.update(hashlib.file_digest(f, "sha256").digest())
+                size += os.path.getsize(full)
+        return f"{size} bytes, sha256 {h.hexdigest()}"
+    return "missing"
+
+
+def data_fingerprints(config: dict) -> dict[str, str]:
+    """Every data file of ``config`` -> its fingerprint (size and SHA-256)."""
+    return {path: _fingerprint(path) for path in data_files(config)}
+
+
+def record_data_files(run_dir: Path, fingerprints: dict[str, str]) -> None:
+    """Write ``RUN/data_files.json``, what a resume checks the data files against."""
+    (Path(run_dir) / DATA_FILES).write_text(json.dumps(fingerprints, indent=1) + "\n")
+
+
+def _data_differences(run_dir: Path, config: dict) -> tuple[dict[str, tuple], dict, list[str]]:
+    """Data files of ``config`` whose fingerprint differs from the run's record: ``{"data file
+    PATH": (then, now)}``, the fingerprints now, and notes on what could not be checked."""
+    now = data_fingerprints(config)
+    recorded = Path(run_dir) / DATA_FILES
+    if not recorded.is_file():
+        if not now:
+            return {}, now, []
+        return {}, now, [f"{recorded} does not exist (a run from an older dlmkit): the data files "
+                         "are not checked against the ones it trained on"]
+    then = json.loads(recorded.read_text())
+    # A path the checkpoint's config does not name is a config difference already.
+    return ({f"data file {p}": (then[p], now[p]) for p in now if p in then and then[p] != now[p]},
+            now, [])
+
+
+def _older_relative_paths(config: dict, point: ResumePoint) -> list[str]:
+    """Make the checkpoint config's relative data paths absolute (in place), from the current
+    directory as an older dlmkit did, and say so: it recorded them as written."""
+    d = config["data"]
+    relative = [p for p in data_files(config) if not os.path.isabs(p)]
+    if not relative:
+        return []
+    for key in ("train_files", "validation_files"):
+        d[key] = [os.path.abspath(p) for p in d[key]]
+    return [f"{point.path / 'config.yaml'} names data files relative to the directory it was "
+            f"started in (older dlmkit): reading {', '.join(relative)} from {os.getcwd()}"]
 
 
 def _differences(old: dict, new: dict) -> dict[str, tuple]:
@@ -111,12 +191,13 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
     if stored is None:  # an older checkpoint: nothing to compare with
         point.notes.append(f"{point.path} stores no config (older dlmkit); the config is not "
                            "checked against it")
-        return ResumePlan(point, config)
+        return ResumePlan(point, config, data_files=data_fingerprints(config))
     try:  # keys added to dlmkit since the checkpoint was written take their defaults
         stored = with_defaults(stored)
     except ConfigError as err:
         raise ConfigError(f"--resume: {point.path / 'config.yaml'}: {err}") from None
     former = _complete_strategy(stored, from_checkpoint=True)
+    notes = _older_relative_paths(stored, point)
     resumed = copy.deepcopy(stored)
     if explicit is None:
         resumed = copy.deepcopy(config)
@@ -134,13 +215,18 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
     changes = _differences(stored, resumed)
     applied = {k: v for k, v in changes.items() if k in RESUMABLE_KEYS}
     other = {k: v for k, v in changes.items() if k not in RESUMABLE_KEYS}
+    changed_data, fingerprints, data_notes = _data_differences(Path(run_dir), resumed)
+    other.update(changed_data)
     if other and not allow_config_change:
         listed = "\n".join(f"  {k}: {old!r} in the checkpoint, {new!r} now"
                            for k, (old, new) in other.items())
+        data = (f"A data file that differs from the one the run trained on ({DATA_FILES}): "
+                "restore it, or train on it as it is with --allow-config-change.\n"
+                if changed_data else "")
         raise ConfigError(
             f"--resume: the config differs from the one {point.path} was trained with, in keys "
-            f"a resumed run cannot change:\n{listed}\nResume without those settings (the run "
-            f"keeps its own config; only {', '.join(RESUMABLE_KEYS)} may change), start a new "
-            f"run with another --output-dir, or pass --allow-config-change to apply them anyway "
-            f"(recorded in {Path(run_dir) / CHANGES_FILE}).")
-    return ResumePlan(point, resumed, applied, other, former)
+            f"a resumed run cannot change:\n{listed}\n{data}Resume without those settings (the "
+            f"run keeps its own config; only {', '.join(RESUMABLE_KEYS)} may change), start a "
+            f"new run with another --output-dir, or pass --allow-config-change to apply them "
+            f"anyway (recorded in {Path(run_dir) / CHANGES_FILE}).")
+    return ResumePlan(point, resumed, applied, other, former, fingerprints, notes + data_notes)

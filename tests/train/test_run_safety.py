@@ -131,3 +131,82 @@ def test_checkpoint_config_from_an_older_dlmkit_gets_new_defaults(finished, tmp_
     rewrite_checkpoint_config(checkpoint, stored)
     main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
     assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4]
+
+
+# A process that holds RUN/.lock as a training run does, until its stdin closes or it is killed.
+_HOLD = ("import sys; from dlmkit.train.rundir import RunLock; RunLock.acquire(sys.argv[1]); "
+         "print('held', flush=True); sys.stdin.read()")
+
+
+@pytest.fixture
+def holder():
+    """``holder(run_dir)`` starts a process holding the run directory's lock."""
+    import subprocess
+    import sys
+
+    from .helpers import env
+
+    procs = []
+
+    def start(run_dir):
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(run_dir)], env=env(),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_run_directory_in_use_is_refused_and_a_dead_holder_does_not_block(tmp_path, holder):
+    """Before: two runs into one --output-dir both trained; metrics.jsonl interleaved them."""
+    run_dir = tmp_path / "run"
+    proc = holder(run_dir)
+    in_use = (rf"output directory {run_dir} is in use by another training run \(pid "
+              rf"{proc.pid} on .*; it holds {run_dir / '.lock'}\)\. Wait for it to finish")
+    with pytest.raises(SystemExit, match=in_use):
+        train(run_dir, "train.steps=1")
+    with pytest.raises(SystemExit, match=in_use):  # --overwrite must not delete a live run
+        main([*cli_args(run_dir, "train.steps=1"), "--overwrite"])
+    assert [p.name for p in run_dir.iterdir()] == [".lock"]
+    proc.kill()  # as a killed run: the lock file stays, the kernel drops the lock
+    proc.wait()
+    assert (run_dir / ".lock").is_file()
+    train(run_dir, "train.steps=1")
+    assert len(losses(run_dir)) == 1
+    assert not (run_dir / ".lock").exists()  # released (and removed) at the end
+
+
+def test_resume_into_a_run_directory_in_use_is_refused(finished, tmp_path, holder):
+    import shutil
+
+    run_dir = tmp_path / "busy"
+    shutil.copytree(finished, run_dir)
+    proc = holder(run_dir)
+    with pytest.raises(SystemExit, match=rf"{run_dir} is in use by another training run "
+                                         rf"\(pid {proc.pid} "):
+        main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
+    assert len(losses(run_dir)) == 3
+
+
+def test_a_run_stopped_by_a_config_error_leaves_no_directory(tmp_path):
+    """The lock is taken before the model and data are built; a run that fails there leaves
+    neither the lock file nor the directories made for it."""
+    with pytest.raises(SystemExit, match="tokenizer spec must be 'byte' or an existing"):
+        train(tmp_path / "new" / "run", "train.steps=1", f"data.tokenizer={tmp_path / 'no'}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_prints_where_it_starts_and_what_it_trains_on(finished, tmp_path, capsys):
+    import shutil
+
+    run_dir = tmp_path / "again"
+    shutil.copytree(finished, run_dir)
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
+    out = capsys.readouterr().out
+    assert (f"resuming from step 3 of 4 (checkpoint {run_dir / 'checkpoints' / 'step_0000003'})"
+            in out.splitlines())
+    assert "budget: 4 steps x 8 samples = 0.5 passes over the training records" in out
