@@ -251,14 +251,19 @@ def corrupt_scdd(
 
 def corrupt_blockwise(
     input_ids: torch.Tensor, loss_mask: torch.Tensor, mask_token_id: int, *,
-    block_size: int | None = None, eps: float = 1e-3, half_life_ratio: float = 0.25,
+    block_size: int | None = None, eps: float = 1e-3, t_max: float = 1.0,
+    half_life_ratio: float = 0.25, stratum: torch.Tensor | None = None, num_strata: int = 1,
     generator: rng.Generators,
 ) -> Corruption:
     """Nemotron-style exact-k masking with a late-position bias, with exact ``p_mask``.
 
     A *unit* is the supervised positions of a row (``block_size=None``) or of a block
     (``block_size=S``; blocks start at multiples of S). Per unit with ``n`` supervised
-    positions: level ``m = eps + (1 - eps) U``; exactly ``k = clamp(round(m n), 1, n)`` of them
+    positions: level ``m = eps + (t_max - eps) U`` (``t_max < 1`` clips the level range to
+    ``[eps, t_max)``, as :func:`corrupt_uniform`'s); ``U`` is the unit's uniform (i.i.d.), or
+    with ``stratum [B, L]`` (offsets from :func:`~dlmkit.diffusion.timesteps.strata`, read at
+    the unit's first position) ``frac(stratum + U / num_strata)``: stratified over the global
+    batch, the draws the same. Exactly ``k = clamp(round(m n), 1, n)`` of them
     are masked (``k`` counts supervised positions only; ``k >= 1`` in both modes, which the
     unbiasedness below needs). Position ``j`` (its rank among the unit's supervised positions)
     has weight ``w_j = 2^((1 - m) (j - n + 1) / (half_life_ratio n))``: later positions are
@@ -278,15 +283,22 @@ def corrupt_blockwise(
     check_mask_token(mask_token_id)
     block_size = check_optional_block_size(block_size)
     eps = check_open_unit("eps", eps)
+    if isinstance(t_max, bool) or not isinstance(t_max, (int, float)) or \
+            not eps < t_max <= 1.0:
+        raise ValueError(f"t_max must be a number in (eps, 1] = ({eps}, 1], got {t_max!r}")
     if isinstance(half_life_ratio, bool) or not isinstance(half_life_ratio, (int, float)) or \
             not half_life_ratio > 0:
         raise ValueError(f"half_life_ratio must be a number > 0, got {half_life_ratio!r}")
+    num_strata = check_positive_int("num_strata", num_strata)
+    if stratum is not None:
+        stratum = check_same_shape("stratum", stratum, input_ids, "input_ids")
     batch, length = input_ids.shape
     device = input_ids.device
     if block_size is None:
         row_u, pos_u = rng.draw(generator, batch, length, 2, 1, device)
         unit_sup, keys = sup, pos_u[..., 0]
         level_u, start = row_u[:, 0], row_u[:, 1]
+        unit_stratum = None if stratum is None or not length else stratum[:, 0]
     else:
         _, pos_u = rng.draw(generator, batch, length, 0, 3, device)
         nb = -(-length // block_size)
@@ -295,7 +307,8 @@ def corrupt_blockwise(
         keys = F.pad(pos_u[..., 0], (0, pad)).reshape(batch * nb, block_size)
         level_u = pos_u[:, ::block_size, 1].reshape(-1)
         start = pos_u[:, ::block_size, 2].reshape(-1)
-    m = eps + (1.0 - eps) * level_u
+        unit_stratum = None if stratum is None else stratum[:, ::block_size].reshape(-1)
+    m = eps + (float(t_max) - eps) * timesteps.stratified(level_u, unit_stratum, num_strata)
     pi = _late_biased_inclusion(unit_sup, m, float(half_life_ratio))
     noise = _systematic_sample(pi, keys, start)
     unit_level = m[:, None].expand_as(pi)

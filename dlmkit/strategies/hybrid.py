@@ -18,7 +18,8 @@ class HybridStrategy(TwoStreamStrategy):
     sampler = "hybrid"
     likelihood = "causal"  # its clean causal stream (the AR term)
     # t_min/t_max/time_sampling: the uniform corruption's, as in mdlm (one level per
-    # document); blockwise takes t_min as its lowest level. t_min 0.2 as for bd3lm/mdlm: on
+    # document); blockwise draws its level per block from [t_min, t_max), stratified the same
+    # way (timesteps.py: per block of each document). t_min 0.2 as for bd3lm/mdlm: on
     # the suite's `transform` task (1200 x 64) 1e-3 gave 75.0% exact match, 0.2 gave 100%.
     options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "t_min": 0.2,
                "t_max": 1.0, "time_sampling": "stratified", "half_life_ratio": 0.25}
@@ -41,6 +42,12 @@ class HybridStrategy(TwoStreamStrategy):
         if self.config["corruption"] not in CORRUPTIONS:
             raise ValueError(f"strategy.corruption must be one of {CORRUPTIONS}, "
                              f"got {self.config['corruption']!r}")
+        default = type(self).options["half_life_ratio"]
+        if self.config["corruption"] == "uniform" and self.config["half_life_ratio"] != default:
+            # The late-position bias is blockwise's; the uniform corruption has no use for it.
+            raise ValueError(f"strategy.half_life_ratio is read by corruption 'blockwise' only; "
+                             f"with corruption 'uniform' leave it at {default}, got "
+                             f"{self.config['half_life_ratio']!r}")
         self.loss_fn = HybridLoss(alpha=self.config["alpha"], chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
@@ -48,9 +55,11 @@ class HybridStrategy(TwoStreamStrategy):
         if c["corruption"] == "uniform":
             noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators)
         else:
+            stratum, num = self.time_strata(batch, c["block_size"])
             noisy, noise_mask, p_mask = self.corrupt(
                 corrupt_blockwise, batch, generators, self.mask_token_id,
-                block_size=c["block_size"], eps=c["t_min"], half_life_ratio=c["half_life_ratio"])
+                block_size=c["block_size"], eps=float(c["t_min"]), t_max=float(c["t_max"]),
+                half_life_ratio=c["half_life_ratio"], stratum=stratum, num_strata=num)
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
 
     def counts(self, prepared):

@@ -14,6 +14,7 @@ from dlmkit.diffusion import (
     corrupt_scdd,
     corrupt_uniform,
     corrupt_uniform_random,
+    timesteps,
 )
 from tests.diffusion.reference import rng_untouched
 
@@ -251,6 +252,45 @@ def test_blockwise_importance_weighted_sum_is_unbiased(block_size):
         assert abs(naive.mean().item() - truth) > 10 * se
 
 
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_blockwise_level_is_clipped_to_t_max_and_stratified(block_size):
+    """Each unit's level is ``m = eps + (t_max - eps) * frac(stratum + U / num_strata)`` with
+    ``U`` the i.i.d. draw (read off the unsupervised positions, which carry ``m``); the
+    defaults (``t_max`` 1, no strata) give exactly the draws they gave before."""
+    b, length, eps = 8, 12, 0.2
+    ids = torch.zeros(b, length, dtype=torch.long)
+    lm = torch.ones(b, length)
+    lm[:, 3::4] = 0  # one unsupervised position per block of 4 (three per row)
+    first = 3 if block_size is None else slice(3, None, 4)
+
+    def levels(**kw):
+        _, noise, p = corrupt_blockwise(ids, lm, MASK, block_size=block_size, eps=eps,
+                                        generator=gen(4), **kw)
+        return noise, p[:, first].double().reshape(b, -1)
+
+    noise, m = levels()
+    explicit, m_explicit = levels(t_max=1.0, stratum=None, num_strata=1)
+    assert torch.equal(noise, explicit) and torch.equal(m, m_explicit)
+    u = (m - eps) / (1 - eps)  # the i.i.d. uniforms
+    slot = torch.arange(b)[:, None].expand(b, length)
+    blocks = None if block_size is None else torch.arange(length).expand(b, -1) // block_size
+    stratum = timesteps.strata(slot, b, blocks)
+    unit_stratum = stratum[:, :1] if block_size is None else stratum[:, ::block_size]
+    noise_half, m_half = levels(t_max=0.5, stratum=stratum, num_strata=b)
+    want = eps + (0.5 - eps) * torch.frac(unit_stratum + u / b)
+    torch.testing.assert_close(m_half, want, rtol=0, atol=1e-6)
+    assert (m_half < 0.5).all() and (m >= 0.5).any() and not torch.equal(noise_half, noise)
+    # Per unit column j, the b levels fall one in each of the b strata of [eps, t_max)
+    # (rotated by j * PHI, as timesteps.strata rotates a document's later blocks).
+    rotation = torch.frac(torch.arange(m.shape[1], dtype=torch.float64) * timesteps.PHI)
+
+    def strata_hit(levels):
+        return ((levels - rotation) % 1.0 * b).floor().long().T.tolist()
+
+    assert all(sorted(c) == list(range(b)) for c in strata_hit((m_half - eps) / (0.5 - eps)))
+    assert not all(sorted(c) == list(range(b)) for c in strata_hit(u))  # i.i.d. levels do not
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
@@ -277,6 +317,10 @@ def test_blockwise_importance_weighted_sum_is_unbiased(block_size):
          "block_size"),
         (lambda i, m: corrupt_blockwise(i, m, MASK, half_life_ratio=0, generator=gen(0)),
          "half_life_ratio"),
+        (lambda i, m: corrupt_blockwise(i, m, MASK, eps=0.2, t_max=0.1, generator=gen(0)),
+         r"t_max must be a number in \(eps, 1\] = \(0.2, 1\], got 0.1"),
+        (lambda i, m: corrupt_blockwise(i, m, MASK, stratum=torch.zeros(6), generator=gen(0)),
+         r"stratum must have the shape of input_ids \(6, 13\), got \(6,\)"),
         (lambda i, m: corrupt_uniform_random(i, m, 1, generator=gen(0)), "vocab_size"),
         (lambda i, m: corrupt_all_masked(i, m, -1), "mask_token_id"),
     ],
