@@ -1,6 +1,7 @@
 """DFlash speculative decoding: greedy output is token for token the target's own greedy
 decoding (whatever the drafter proposes), sampling follows the speculative acceptance rule
-(checked statistically), and transformers' own DFlash ``generate`` runs our drafter as is."""
+(checked statistically), the drafter's decode-time logits equal its training path's, and
+transformers' own DFlash ``generate`` runs our drafter as is."""
 
 from __future__ import annotations
 
@@ -165,6 +166,69 @@ def test_transformers_dflash_generate_runs_our_drafter_with_the_same_tokens():
                                  assistant_model=drafter)
         assert theirs[0, len(ids):].tolist() == ours
     assert calls, "transformers never called the drafter"
+
+
+class RecordingPair(DFlashPair):
+    """Keeps every drafted block's ``(anchors, positions, logits)`` as decoding computed them."""
+
+    def __init__(self, target, drafter):
+        super().__init__(target, drafter)
+        self.blocks = []
+
+    def draft_step(self, anchors, positions, *args, **kwargs):
+        logits = super().draft_step(anchors, positions, *args, **kwargs)
+        self.blocks.append((anchors.clone(), positions.clone(), logits))
+        return logits
+
+
+def test_drafter_decodes_with_the_context_it_is_trained_on():
+    """A drafter's logits for a block as speculative decoding computes them (the target's
+    hidden states gathered cycle by cycle in the drafter's KV cache, rejected drafts hidden,
+    each block's keys cropped, ragged prompts padded) equal the training path's for a block
+    anchored at the same token of the same sequence (DFlashStrategy.prepare's layout, the
+    target's one causal forward, draft_hidden, the target's LM head). The oracle-drafter tests
+    above cannot see this: their drafts ignore the context."""
+    from dlmkit import strategies
+    from tests.train.helpers import tiny_target
+
+    s = strategies.get("dflash")({"target": str(tiny_target()), "block_size": BS},
+                                 mask_token_id=MASK, vocab_size=V)
+    s.setup(torch.device("cpu"))
+    torch.manual_seed(0)
+    drafter = s.build_model("dflash-tiny", vocab_size=V, attention="sdpa",
+                            dtype=torch.float32).eval()
+    pair = RecordingPair(s.target, drafter)
+    encoded = [encode_prompt(TOK, p) for p in ["1+2=", "33+44=", "5+60="]]
+    # Sampling: two untrained models are both near uniform, so p / q is near 1 and drafts are
+    # accepted (greedy would reject them all), and accepted drafts become context too.
+    gens = [torch.Generator().manual_seed(i) for i in range(len(encoded))]
+    out = speculative_decode_batch(pair, encoded, max_new_tokens=16, temperature=1.0,
+                                   stop_ids=STOPS, mask_id=MASK, generator=gens)
+    assert pair.stats["verified_tokens"] > 2 * pair.stats["verify_forwards"]  # drafts taken
+    head = s.target.get_output_embeddings()
+    compared = 0
+    for b, (prompt, response) in enumerate(zip(encoded, out)):
+        seq = torch.tensor([prompt + response])
+        # The blocks drafted while row b still decoded: its anchor is a token of its output
+        # with at least one more token after it.
+        blocks = [(int(p[b]), int(a[b]), logits[b]) for a, p, logits in pair.blocks
+                  if int(p[b]) < seq.shape[1] - 1]
+        assert all(int(seq[0, p]) == a for p, a, _ in blocks)
+        anchors = torch.tensor([[p for p, _, _ in blocks]])
+        s.sample_anchors = lambda batch, generators, a=anchors: (
+            a, torch.ones_like(a, dtype=torch.bool), 0)
+        ones = torch.ones_like(seq)
+        prepared = s.prepare({"input_ids": seq, "attention_valid": ones, "loss_mask": ones,
+                              "position_ids": torch.arange(seq.shape[1])[None]}, None)
+        with torch.no_grad():
+            hidden = s.draft_hidden(drafter, prepared, s.target_context(prepared))
+            trained = head(hidden.view(len(blocks), BS, -1)[:, 1:]).float()
+        for (position, _, decoded), logits in zip(blocks, trained):
+            torch.testing.assert_close(decoded, logits, rtol=0, atol=1e-5,
+                                       msg=f"row {b}, block at {position}")
+        compared += len(blocks)
+        assert max(p for p, _, _ in blocks) > len(prompt)  # blocks after the first cycle too
+    assert compared >= 9
 
 
 def test_accept_greedy_longest_agreeing_prefix_plus_bonus():
