@@ -137,6 +137,9 @@ def elbo(scorer: str, runner: Runner, prompt: Sequence[int], continuation: Seque
     """The Monte-Carlo ELBO of ``continuation`` after ``prompt`` by the scorer a family names
     (one of :data:`SCORERS` but ``causal``); ``block_size`` is ``block_elbo``'s trained block
     (no other scorer takes one)."""
+    if scorer not in ELBO_SCORERS:
+        raise ValueError(f"scorer must be one of {ELBO_SCORERS} (the Monte-Carlo ELBOs), got "
+                         f"{scorer!r}")
     kwargs = {"mask_id": mask_id, "samples": samples, "generator": generator,
               "batch_size": batch_size}
     if scorer == "block_elbo":
@@ -144,11 +147,8 @@ def elbo(scorer: str, runner: Runner, prompt: Sequence[int], continuation: Seque
     if block_size is not None:
         raise ValueError(f"block_size is block_elbo's option; scorer {scorer!r} takes none, "
                          f"got block_size={block_size!r}")
-    if scorer in ("masked_elbo", "masked_elbo_nonmask"):
-        return masked_elbo(runner, prompt, continuation,
-                           exclude_mask=scorer == "masked_elbo_nonmask", **kwargs)
-    raise ValueError(f"scorer must be one of {ELBO_SCORERS} (the Monte-Carlo ELBOs), got "
-                     f"{scorer!r}")
+    return masked_elbo(runner, prompt, continuation,
+                       exclude_mask=scorer == "masked_elbo_nonmask", **kwargs)
 
 
 ELBO_SCORERS = ("masked_elbo", "masked_elbo_nonmask", "block_elbo")

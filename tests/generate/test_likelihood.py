@@ -229,6 +229,8 @@ def test_elbo_dispatch_names_the_scorers_and_block_size():
     with pytest.raises(ValueError, match=r"scorer must be one of \('masked_elbo', "
                                          r"'masked_elbo_nonmask', 'block_elbo'\).*'causal'"):
         elbo("causal", runner, PROMPT, CONT, mask_id=MASK, samples=1, generator=g)
+    with pytest.raises(ValueError, match="scorer must be one of"):
+        elbo("mdlm", runner, PROMPT, CONT, mask_id=MASK, samples=1, generator=g, block_size=4)
     with pytest.raises(ValueError, match="block_size is block_elbo's option; scorer "
                                          "'masked_elbo' takes none, got block_size=4"):
         elbo("masked_elbo", runner, PROMPT, CONT, mask_id=MASK, samples=1, generator=g,
