@@ -10,6 +10,7 @@ from dlmkit.data.collate import Collator
 from dlmkit.data.dataset import SFTDataset
 from dlmkit.data.records import (
     DataError,
+    DataWarning,
     Record,
     TokenizedRecord,
     load_records,
@@ -34,6 +35,7 @@ __all__ = [
     "ChatEncoding",
     "Collator",
     "DataError",
+    "DataWarning",
     "GlobalBatchSampler",
     "HFTokenizer",
     "Record",

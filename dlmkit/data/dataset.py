@@ -16,6 +16,7 @@ from dlmkit.data.records import (
     load_records,
     records_from_dicts,
     tokenize_record,
+    warn_unanswered,
 )
 from dlmkit.data.tasks import get_task
 from dlmkit.data.tokenizer import Tokenizer
@@ -54,10 +55,11 @@ class SFTDataset(torch.utils.data.Dataset):
             )
         if len(records) == 0:
             raise DataError(source, "the dataset is empty (no records)")
-        records = [
-            r if isinstance(r, Record) else as_record(r, f"{source}[{i}]")
-            for i, r in enumerate(records)
-        ]
+        converted = {i: as_record(r, f"{source}[{i}]") for i, r in enumerate(records)
+                     if not isinstance(r, Record)}
+        records = [converted.get(i, r) for i, r in enumerate(records)]
+        if converted:  # Record objects (from files, tasks) were checked when they were read
+            warn_unanswered(list(converted.values()), source, stacklevel=2)
         self.tokenizer = tokenizer
         self.sources = [r.source for r in records]
         ids: list[int] = []

@@ -12,13 +12,16 @@ Other field names are mapped with ``fields`` (``data.fields`` in a config), e.g.
 ``{"prompt": "question", "response": "answer"}`` or ``{"role": "speaker"}``.
 
 Every problem is reported as a :class:`DataError` naming the file, the 1-based line (JSON /
-JSONL) or row (Parquet) and what is wrong, before any training starts.
+JSONL) or row (Parquet) and what is wrong, before any training starts. Records that train, but
+not as their author probably meant (an empty answer, turns after the last answer), are counted
+in a :class:`DataWarning` naming the file and their lines.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ from dlmkit.data.tokenizer import Tokenizer
 
 __all__ = [
     "DataError",
+    "DataWarning",
     "Record",
     "TokenizedRecord",
     "as_record",
@@ -47,6 +51,11 @@ class DataError(ValueError):
         super().__init__(f"{where}: {problem}")
         self.where = where
         self.problem = problem
+
+
+class DataWarning(UserWarning):
+    """Data that trains, but not as its author probably meant (e.g. empty responses): the
+    message names the file, how many records and their lines."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +97,11 @@ _FORMAT_HELP = ("expected 'prompt' + 'response' (optional 'system'), 'messages' 
                 "+ 'output' (optional 'input'; Alpaca); map other names with data.fields, e.g. "
                 "{prompt: question, response: answer}")
 
+# The roles of a 'messages' turn; only 'assistant' turns are supervised.
+CHAT_ROLES = ("system", "user", "assistant")
+
 # ShareGPT speaker names -> chat roles.
+SHAREGPT_SHAPE = '{"conversations": [{"from": ..., "value": ...}]}'
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "model": "assistant", "system": "system"}
 
@@ -150,6 +163,9 @@ def _turns(obj: Mapping, where: str, key: str, role_key: str, content_key: str,
     for i, m in enumerate(msgs):
         if not isinstance(m, Mapping):
             raise DataError(where, f"{key}[{i}] must be an object, got {m!r:.80}")
+        for field in (role_key, content_key):
+            _need_key(m, field, nested, where, f"{key}[{i}]",
+                      other=content_key if field == role_key else role_key)
         m = _rename(m, nested)
         role, content = m.get(role_key), m.get(content_key)
         if not isinstance(role, str) or not role:
@@ -162,6 +178,50 @@ def _turns(obj: Mapping, where: str, key: str, role_key: str, content_key: str,
             )
         out.append({"role": role, "content": content})
     return out
+
+
+def _need_key(m: Mapping, field: str, nested: Mapping[str, str], where: str, name: str,
+              other: str) -> None:
+    """A DataError when turn ``m`` (named ``name``) lacks ``field`` (or the name ``nested``
+    maps it to): its keys, and how to map the one the data uses."""
+    written = nested.get(field, field)
+    if written in m:
+        return
+    keys = ", ".join(repr(k) for k in m)
+    if field in nested:
+        fix = f"data.fields maps {field!r} to {written!r}"
+    else:
+        taken = nested.get(other, other)
+        candidates = [k for k, v in m.items() if isinstance(v, str) and k != taken]
+        example = candidates[0] if len(candidates) == 1 else "NAME"
+        fix = (f"map the name your data uses with data.fields, e.g. "
+               f"{{{field}: {example}}}")
+    raise DataError(where, f"{name} has no {written!r} key (its keys: {keys}); {fix}")
+
+
+def _no_answer(roles: list[str], fmt: str) -> str:
+    """Why a record has no 'assistant' turn, from the roles (or ShareGPT speakers) written."""
+    found = ", ".join(repr(r) for r in dict.fromkeys(roles))
+    if fmt == "sharegpt":
+        answers = [n for n, r in SHAREGPT_ROLES.items() if r == "assistant"]
+        return (f"no 'assistant' message, so nothing would be supervised: speakers ('from') "
+                f"found: {found}; an answer's speaker is one of "
+                f"{', '.join(repr(a) for a in answers)}")
+    allowed = ", ".join(repr(r) for r in CHAT_ROLES)
+    text = (f"no 'assistant' message, so nothing would be supervised: roles found: {found}; "
+            f"roles allowed: {allowed} (the 'assistant' turns are the answers learned)")
+    sharegpt = [r for r in dict.fromkeys(roles)
+                if r.lower() in SHAREGPT_ROLES and r.lower() not in CHAT_ROLES]
+    if sharegpt:
+        names = ", ".join(repr(r) for r in sharegpt)
+        text += (f"; {names} {'is a' if len(sharegpt) == 1 else 'are'} ShareGPT speaker "
+                 f"name{'s' * (len(sharegpt) > 1)}: rename to 'user' / 'assistant', or write "
+                 f"the record as ShareGPT {SHAREGPT_SHAPE}, which maps them")
+    cased = [r for r in dict.fromkeys(roles) if r.lower() in CHAT_ROLES and r not in CHAT_ROLES]
+    if cased:
+        text += "; roles are lowercase: " + ", ".join(f"{r!r} should be {r.lower()!r}"
+                                                      for r in cased)
+    return text
 
 
 def _shape(obj: Mapping, where: str) -> str:
@@ -191,9 +251,12 @@ def as_record(obj: Any, where: str, fields: Mapping[str, str] | None = None) -> 
     fmt = _shape(obj, where)
     if fmt == "messages":
         msgs = _turns(obj, where, "messages", "role", "content", nested)
+        written = [m["role"] for m in msgs]
     elif fmt == "sharegpt":
         msgs = _system(obj, where)
-        for i, m in enumerate(_turns(obj, where, "conversations", "from", "value", nested)):
+        turns = _turns(obj, where, "conversations", "from", "value", nested)
+        written = [m["role"] for m in turns]
+        for i, m in enumerate(turns):
             role = SHAREGPT_ROLES.get(m["role"].lower())
             if role is None:
                 raise DataError(where, f"conversations[{i}].from is {m['role']!r}; ShareGPT "
@@ -215,33 +278,123 @@ def as_record(obj: Any, where: str, fields: Mapping[str, str] | None = None) -> 
             {"role": "assistant", "content": _string(obj, "output", where, fmt)},
         ]
     if not any(m["role"] == "assistant" for m in msgs):
-        raise DataError(where, "no 'assistant' message, so nothing would be supervised")
+        # prompt/response and Alpaca records always have their answer turn
+        raise DataError(where, _no_answer(written, fmt))
     return Record(tuple(msgs), where)
 
 
 def records_from_dicts(items: Iterable[Mapping[str, Any]], source: str = "records") -> list[Record]:
-    """Validate in-memory records (e.g. a bundled task); errors name them ``source[index]``."""
+    """Validate in-memory records (e.g. a bundled task); errors name them ``source[index]``,
+    and a :class:`DataWarning` says how many have an empty answer or end after it (see
+    :func:`warn_unanswered`)."""
     records = [as_record(obj, f"{source}[{i}]") for i, obj in enumerate(items)]
     if not records:
         raise DataError(source, "no records")
+    warn_unanswered(records, source, stacklevel=3)
     return records
 
 
+def warn_unanswered(records: Sequence[Record], source: str, stacklevel: int = 2) -> None:
+    """A :class:`DataWarning` naming ``source`` (a file, or the name of in-memory records) and
+    the records of it that train other than meant: an empty (or blank) answer, which teaches
+    the model to answer nothing, and turns after the last answer, which are never trained on
+    (only 'assistant' turns are supervised)."""
+    empty = [r.source for r in records
+             if any(m["role"] == "assistant" and not m["content"].strip() for m in r.messages)]
+    trailing = [r for r in records if r.messages[-1]["role"] != "assistant"]
+    problems = []
+    if empty:
+        problems.append(f"{_count(empty, 'has', 'have')} an empty response "
+                        f"({_places(empty, source)}): it teaches the model to answer nothing")
+    if trailing:
+        roles = " / ".join(repr(r) for r in dict.fromkeys(r.messages[-1]["role"]
+                                                          for r in trailing))
+        problems.append(f"{_count(trailing, 'ends', 'end')} with a {roles} turn after the last "
+                        f"answer ({_places([r.source for r in trailing], source)}): nothing is "
+                        "trained on it (only 'assistant' turns are supervised)")
+    for problem in problems:
+        warnings.warn(f"{source}: {problem}", DataWarning, stacklevel=stacklevel + 1)
+
+
+def _count(items: Sequence, one: str, several: str) -> str:
+    return f"1 record {one}" if len(items) == 1 else f"{len(items)} records {several}"
+
+
+def _places(sources: Sequence[str], source: str, shown: int = 10) -> str:
+    """``lines 4, 9, 12`` (or ``rows ...``) for records of file ``source``, else their names;
+    at most ``shown`` of them."""
+    prefix = f"{source}:"
+    local = [s[len(prefix):] if s.startswith(prefix) else s for s in sources]
+    rows = all(s.startswith("row ") for s in local)
+    lines = all(s.isdigit() for s in local)
+    if rows:
+        local = [s[len("row "):] for s in local]
+    more = f", ... ({len(local) - shown} more)" if len(local) > shown else ""
+    text = ", ".join(local[:shown]) + more
+    if rows or lines:
+        return f"{'row' if rows else 'line'}{'s' * (len(local) > 1)} {text}"
+    return text
+
+
+def _not_utf8(path: Path, error: UnicodeDecodeError) -> DataError:
+    """The DataError for the first byte of ``path`` that is not UTF-8: its line, where in the
+    line, and how to convert the file."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:  # the text reader's error gives no position in the file
+        error = e
+    line = data.count(b"\n", 0, error.start) + 1
+    column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+    return DataError(f"{path}:{line}",
+                     f"not UTF-8 text: byte 0x{data[error.start]:02x} at byte {column} of the "
+                     f"line ({error.reason}); data files are read as UTF-8, so convert it, "
+                     f"e.g. with `iconv -f latin1 -t utf-8` if it is Latin-1")
+
+
 def _read_jsonl(path: Path) -> Iterable[tuple[Any, str]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                yield json.loads(line), where
-            except json.JSONDecodeError as e:
-                raise DataError(where, f"malformed JSON ({e.msg} at column {e.colno})") from None
+    first = True
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    obj = json.loads(line.rstrip("\r\n"))  # errors at the end: its column
+                except json.JSONDecodeError as e:
+                    raise DataError(where, f"malformed JSON ({e.msg} at column {e.colno})"
+                                           f"{_jsonl_hint(line, first)}") from None
+                if isinstance(obj, list):
+                    raise DataError(where, f"a JSON list, not a record{_ONE_PER_LINE}")
+                first = False
+                yield obj, where
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
+
+
+_ONE_PER_LINE = ("; a .jsonl file holds one record (a JSON object) per line: rename it to .json "
+                 "(a JSON list of records) or write one record per line")
+
+
+def _jsonl_hint(line: str, first: bool) -> str:
+    """Why a .jsonl line may not parse: the file is a JSON list, or a record spread over
+    several lines (pretty-printed JSON)."""
+    text = line.strip()
+    if first and text.startswith("["):
+        return f"; the file looks like a JSON list (it starts with '['){_ONE_PER_LINE}"
+    if text == "{":  # how json.dump(..., indent=...) opens a record
+        return ("; the line looks like part of pretty-printed JSON (a record spread over "
+                f"several lines){_ONE_PER_LINE}")
+    return ""
 
 
 def _read_json_list(path: Path) -> Iterable[tuple[Any, str]]:
     """Elements of a top-level JSON list, each with the line where it starts."""
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
     decoder = json.JSONDecoder()
 
     def line_of(pos: int) -> int:
@@ -382,7 +535,9 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike],
                     f"{list(SUPPORTED_SUFFIXES)} or a saved Hugging Face dataset directory"
                 )
             reader = READERS[suffix]
-        records.extend(as_record(obj, where, fields) for obj, where in reader(path))
+        found = [as_record(obj, where, fields) for obj, where in reader(path)]
+        warn_unanswered(found, str(path), stacklevel=3)
+        records.extend(found)
     if not records:
         raise DataError(", ".join(str(p) for p in paths), "the dataset is empty (no records)")
     return records

@@ -38,9 +38,14 @@ def test_sharegpt(tmp_path):
 @pytest.mark.parametrize(("record", "problem"), [
     ({"conversations": [{"from": "human", "value": "q"}, {"from": "tool", "value": "x"}]},
      r"conversations\[1\].from is 'tool'; ShareGPT speakers: human, user, gpt"),
-    ({"conversations": [{"from": "human", "value": "q"}]}, "no 'assistant' message"),
+    ({"conversations": [{"from": "human", "value": "q"}]},
+     r"no 'assistant' message, so nothing would be supervised: speakers \('from'\) found: "
+     r"'human'; an answer's speaker is one of 'gpt', 'assistant', 'chatgpt', 'model'"),
     ({"conversations": [{"from": "human", "text": "q"}]},
-     r"conversations\[0\].value must be a string"),
+     r"conversations\[0\] has no 'value' key \(its keys: 'from', 'text'\); map the name your "
+     r"data uses with data.fields, e.g. \{value: text\}"),
+    ({"conversations": [{"from": "human", "value": 3}]},
+     r"conversations\[0\].value must be a string, got int"),
     ({"conversations": "hi"}, "'conversations' must be a non-empty list"),
     ({"instruction": "do"}, r"missing key 'output' \(a alpaca record needs 'instruction' and "
                             "'output'"),

@@ -46,11 +46,18 @@ def test_jsonl_prompt_response_and_messages(tmp_path):
         ('{"prompt": "a"}', "missing key 'response'"),
         ('{"prompt": "a", "response": 3}', "'response' must be a string"),
         ('{"text": "a"}', "unknown record shape"),
-        ("[1, 2]", "must be a JSON object"),
+        ("[1, 2]", r"a JSON list, not a record; a .jsonl file holds one record \(a JSON "
+                   r"object\) per line"),
         ('{"messages": []}', "non-empty list"),
         ('{"messages": [{"role": "user", "content": "a"}]}', "no 'assistant' message"),
-        ('{"messages": [{"role": "user"}]}', "content must be a string"),
-        ('{"messages": [{"content": "a"}]}', "role must be a non-empty string"),
+        ('{"messages": [{"role": "user"}]}', r"messages\[0\] has no 'content' key \(its keys: "
+                                             r"'role'\); map the name your data uses with "
+                                             r"data.fields, e.g. \{content: NAME\}"),
+        ('{"messages": [{"content": "a"}]}', r"messages\[0\] has no 'role' key \(its keys: "
+                                             r"'content'\)"),
+        ('{"messages": [{"role": "user", "content": null}]}', "content must be a string, got "
+                                                            "NoneType"),
+        ('{"messages": [{"role": "", "content": "a"}]}', "role must be a non-empty string"),
         ('{"messages": [], "prompt": "a", "response": "b"}', "not both"),
     ],
 )
