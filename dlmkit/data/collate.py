@@ -62,6 +62,20 @@ def _ceil_to(n, multiple: int):
     return -(-n // multiple) * multiple
 
 
+def _flat(masks: Any, offsets: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``masks`` and ``offsets`` as tensors, checked: ``offsets`` rise from 0 to
+    ``len(masks)``."""
+    masks = torch.as_tensor(masks)
+    offsets = torch.as_tensor(offsets, dtype=torch.long)
+    if masks.dim() != 1 or offsets.dim() != 1 or offsets.numel() == 0 or \
+            int(offsets[0]) != 0 or int(offsets[-1]) != masks.numel() or \
+            bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"offsets must rise from 0 to len(masks) = {masks.numel()} "
+                         f"(sample i at [offsets[i], offsets[i + 1])), got "
+                         f"{offsets.tolist()!r:.80}")
+    return masks, offsets
+
+
 def _last_run_starts(masks: torch.Tensor, offsets: torch.Tensor,
                      ends: torch.Tensor) -> torch.Tensor:
     """Where the last run of supervised positions before ``ends[i]`` starts in sample ``i``,
@@ -193,23 +207,21 @@ class Collator:
         blocks (counted from its start) that fit under the cap: a sample shorter than the cap
         can be cut, and one whose response starts less than a block before the cap keeps none
         of it."""
-        return self._keeps(masks, offsets, self.max_seq_len)
+        masks, offsets = _flat(masks, offsets)
+        kept, aligned = self._spans(masks, offsets, self.max_seq_len)
+        totals = torch.cat([kept.new_zeros(1), (masks != 0).long().cumsum(0)])
+        starts = offsets[:-1]
+        return kept, aligned, totals[starts + kept] - totals[starts]
 
     def needs(self, masks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The least ``max_seq_len`` that keeps each sample whole, ``LongTensor [N]`` (arguments
         as :meth:`keeps`): its block-filled span rounded up to the alignment unit."""
-        return _ceil_to(self._keeps(masks, offsets, None)[1], self.unit)
+        return _ceil_to(self._spans(*_flat(masks, offsets), None)[1], self.unit)
 
-    def _keeps(self, masks: torch.Tensor, offsets: torch.Tensor, cap: int | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        masks = torch.as_tensor(masks)
-        offsets = torch.as_tensor(offsets, dtype=torch.long)
-        if masks.dim() != 1 or offsets.dim() != 1 or offsets.numel() == 0 or \
-                int(offsets[0]) != 0 or int(offsets[-1]) != masks.numel() or \
-                bool((offsets[1:] < offsets[:-1]).any()):
-            raise ValueError(f"offsets must rise from 0 to len(masks) = {masks.numel()} "
-                             f"(sample i at [offsets[i], offsets[i + 1])), got "
-                             f"{offsets.tolist()!r:.80}")
+    def _spans(self, masks: torch.Tensor | None, offsets: torch.Tensor, cap: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(kept, aligned)`` of :meth:`keeps` (``masks`` is only read, and only needed, with
+        ``fill_from_response``)."""
         starts, sizes = offsets[:-1], offsets[1:] - offsets[:-1]
         kept = sizes if cap is None else sizes.clamp(max=cap)
         if self.fill_from_response:
@@ -224,8 +236,7 @@ class Collator:
                 kept = torch.minimum(kept, aligned)
         else:
             aligned = _ceil_to(kept, self.block_size)
-        totals = torch.cat([kept.new_zeros(1), (masks != 0).long().cumsum(0)])
-        return kept, aligned, totals[starts + kept] - totals[starts]
+        return kept, aligned
 
     def _sample(self, i: int, sample: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Shape and type checks for one sample; value checks run once on the whole batch."""
@@ -292,8 +303,9 @@ class Collator:
         parsed = [self._sample(i, s) for i, s in enumerate(samples)]
         cap = self.max_seq_len
         sizes = torch.tensor([p[0].numel() for p in parsed])
-        kept, aligned, _ = self.keeps(torch.cat([p[1] for p in parsed]),
-                                      torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]))
+        kept, aligned = self._spans(
+            torch.cat([p[1] for p in parsed]) if self.fill_from_response else None,
+            torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]), cap)
         kept_list = kept.tolist()
         flat_ids = torch.cat([p[0][:k] for p, k in zip(parsed, kept_list)])
         flat_mask = torch.cat([p[1][:k] for p, k in zip(parsed, kept_list)])
