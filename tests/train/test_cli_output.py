@@ -152,3 +152,83 @@ def test_print_config_lists_every_strategy_and_checks_options(capsys):
     assert "#   block_diffusion: lr=0.0015, steps=6000, warmup_steps=20, ema_decay=0.999" in out
     with pytest.raises(SystemExit, match=r"unknown option\(s\) \['blok_size'\]"):
         main(["train", "--print-config", "--set", "strategy.blok_size=8"])
+
+
+def test_sigterm_saves_nothing_new_but_prints_the_resume_command_and_exits_143(
+        tmp_path, monkeypatch, capsys):
+    """Before: SIGTERM (a scheduler's preemption) ended the run with no message at all."""
+    from dlmkit.train import recipe
+
+    real = recipe.save_checkpoint
+
+    def save_then_terminate(*args, **kwargs):
+        real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(recipe, "save_checkpoint", save_then_terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    run_dir = tmp_path / "run"
+    assert main(cli_args(run_dir, "train.steps=5", "train.save_every=2")) == 143
+    first, second = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert first == (f"terminated by SIGTERM at step 2; the last checkpoint is "
+                     f"{run_dir / 'checkpoints' / 'step_0000002'}")
+    assert second == f"resume with: dlmkit train --output-dir {run_dir} --resume"
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+    assert not (run_dir / ".lock").exists()
+
+
+@pytest.mark.slow  # a training subprocess, a second run refused, SIGTERM, a resume: ~25 s
+def test_a_live_run_holds_its_directory_until_sigterm_ends_it(tmp_path):
+    from dlmkit.train.recipe import newest_complete_checkpoint
+
+    run_dir = tmp_path / "run"
+    proc = cli_subprocess(cli_args(run_dir, "train.steps=2000", "train.save_every=2"))
+    pointer = run_dir / "checkpoints" / "latest"
+    deadline = time.monotonic() + 120
+    while not pointer.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0][-2000:]
+    with pytest.raises(SystemExit, match=rf"{run_dir} is in use by another training run "
+                                         rf"\(pid {proc.pid} "):
+        main([*cli_args(run_dir, "train.steps=2000"), "--resume"])
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out[-2000:]
+    assert "Traceback" not in out
+    first, second = out.strip().splitlines()[-2:]
+    checkpoint = newest_complete_checkpoint(run_dir)
+    assert first.startswith("terminated by SIGTERM at step ")
+    assert first.endswith(f"; the last checkpoint is {checkpoint}")
+    assert second == f"resume with: dlmkit train --output-dir {run_dir} --resume"
+    assert not (run_dir / ".lock").exists()
+    saved = int(checkpoint.name.split("_")[1])
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set",
+          f"train.steps={saved + 1}"])
+    assert len(losses(run_dir)) == saved + 1
+
+
+def test_data_summary_and_a_batch_larger_than_the_data(tmp_path, capsys):
+    main(cli_args(tmp_path / "run", "train.steps=2", "data.num_train=4"))
+    out = capsys.readouterr().out.splitlines()
+    data = next(line for line in out if line.startswith("data: "))
+    assert data.startswith("data: 4 training records, ")
+    assert " supervised tokens, longest record " in data
+    assert data.endswith(" tokens; 16 validation records")
+    assert "budget: 2 steps x 8 samples = 4 passes over the training records" in out
+    assert ("warning: train.global_batch_size=8 is larger than the training set (4 records): "
+            "every step holds some records more than once") in out
+
+
+def test_tensorboard_gets_the_metrics(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    main(cli_args(run_dir, "train.steps=3", "train.val_every=2", "train.tensorboard=true"))
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    train = [(e.step, e.value) for e in board.Scalars("train/loss")]
+    assert [s for s, _ in train] == [1, 2, 3]
+    assert [v for _, v in train] == pytest.approx(losses(run_dir), rel=1e-6)
+    assert [e.step for e in board.Scalars("validation/loss")] == [2, 3]
+    assert "train/lr" in board.Tags()["scalars"]

@@ -77,3 +77,89 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         main([*cli_args(tmp_path / "none", "train.steps=2"), "--resume"])
+
+
+def _jsonl(path, n):
+    import json
+
+    rows = ({"prompt": "ab" * (1 + i % 3), "response": "c" * (1 + i % 2)} for i in range(n))
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_resume_from_another_directory_trains_on_the_same_files(tmp_path, monkeypatch, capsys):
+    """Before: config.yaml stored data.train_files as written (`train.jsonl`) and a resume
+    from another directory read that directory's train.jsonl."""
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    first.mkdir()
+    elsewhere.mkdir()
+    _jsonl(first / "train.jsonl", 24)
+    _jsonl(elsewhere / "train.jsonl", 40)  # same name, other data
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(first)
+    main(cli_args(run_dir, "train.steps=2", "data.train_files=[train.jsonl]"))
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=3"])
+    out = capsys.readouterr().out
+    assert "data: 24 training records" in out, out
+    assert len(losses(run_dir)) == 3
+
+
+def test_resume_reports_a_changed_or_missing_data_file(tmp_path):
+    import json
+
+    data = _jsonl(tmp_path / "train.jsonl", 24)
+    run_dir = tmp_path / "run"
+    main(cli_args(run_dir, "train.steps=2", f"data.train_files=[{data}]"))
+    recorded = json.loads((run_dir / "data_files.json").read_text())
+    assert list(recorded) == [str(data)]
+    assert recorded[str(data)].startswith(f"{data.stat().st_size} bytes, sha256 ")
+    resume = ["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=3"]
+
+    _jsonl(data, 25)  # one more record
+    with pytest.raises(SystemExit) as caught:
+        main(resume)
+    message = str(caught.value)
+    assert (f"  data file {data}: {recorded[str(data)]!r} in the checkpoint, "
+            f"'{data.stat().st_size} bytes, sha256 ") in message
+    assert "restore it, or train on it as it is with --allow-config-change" in message
+    data.rename(tmp_path / "moved.jsonl")
+    with pytest.raises(SystemExit, match=rf"data file {data}: '.*' in the checkpoint, "
+                                         "'missing' now"):
+        main(resume)
+    (tmp_path / "moved.jsonl").rename(data)
+    main([*resume, "--allow-config-change"])  # trains on the file as it is now, and says so
+    change = json.loads((run_dir / "config_changes.jsonl").read_text())
+    assert list(change["forced"]) == [f"data file {data}"]
+    assert len(losses(run_dir)) == 3
+    # the record follows the data the run now trains on: a further resume is clean
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=4"])
+    assert len(losses(run_dir)) == 4
+
+
+def test_a_run_from_an_older_dlmkit_resumes_with_its_relative_paths_and_says_so(
+        tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from .helpers import rewrite_checkpoint_config
+
+    data = _jsonl(tmp_path / "train.jsonl", 24)
+    run_dir = tmp_path / "run"
+    main(cli_args(run_dir, "train.steps=2", "train.save_every=2", f"data.train_files=[{data}]"))
+    checkpoint = run_dir / "checkpoints" / "step_0000002"
+    stored = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    stored["data"]["train_files"] = ["train.jsonl"]  # as written, as older dlmkit kept it
+    rewrite_checkpoint_config(checkpoint, stored)
+    (run_dir / "data_files.json").unlink()
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=3"])
+    out = capsys.readouterr().out.splitlines()
+    assert (f"resume: {checkpoint / 'config.yaml'} names data files relative to the directory "
+            f"it was started in (older dlmkit): reading train.jsonl from {tmp_path}") in out
+    assert (f"resume: {run_dir / 'data_files.json'} does not exist (a run from an older "
+            "dlmkit): the data files are not checked against the ones it trained on") in out
+    assert (run_dir / "data_files.json").is_file()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["train_files"] == \
+        [str(data)]
