@@ -49,3 +49,16 @@ def test_setup_prints_no_deprecation_banner(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Deprecat" not in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
+
+
+def test_declared_package_data_exists():
+    """Before: pyproject.toml shipped `dlmkit/configs/*.yaml`, which matches nothing (the
+    configs are at the repository root and nothing in the package reads them)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = project["tool"].get("setuptools", {}).get("package-data", {})
+    for package, patterns in declared.items():
+        folder = ROOT / package.replace(".", "/")
+        for pattern in patterns:
+            assert list(folder.glob(pattern)), f"package-data {package}: {pattern} matches nothing"
