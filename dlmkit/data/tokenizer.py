@@ -11,6 +11,7 @@ conversation (see :meth:`Tokenizer.apply_chat_template`), so templates without
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,24 @@ __all__ = [
 
 BYTE_TOKENIZER_FILE = "dlmkit_tokenizer.json"
 _BYTE_FORMAT_VERSION = 1
+
+
+def _byte_level_chars() -> list[str]:
+    """The character the byte-level (GPT-2) pre-tokenizer writes for each byte: the byte's own
+    character for printable Latin-1, ``chr(256 + k)`` for the k-th other byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+_BYTE_CHARS = _byte_level_chars()
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,7 @@ class Tokenizer:
         pad_token_id, eos_token_id, mask_token_id: ints. ``bos_token_id``: int or None.
         stop_token_ids: ids that end generation (EOS and, if the template has one,
             the end-of-turn marker).
+        end_of_turn_token_id: the chat template's end-of-turn marker (None: it has none).
     """
 
     vocab_size: int
@@ -82,6 +102,7 @@ class Tokenizer:
     bos_token_id: int | None
     mask_token_id: int
     stop_token_ids: tuple[int, ...]
+    end_of_turn_token_id: int | None = None
 
     # -- to implement ------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -232,6 +253,12 @@ class ByteTokenizer(Tokenizer):
     ``vocab_size`` is 264. Chat format: ``<|bos|>`` then, per message,
     ``<|role|> content-bytes <|end|>``; the generation prompt is ``<|assistant|>``.
     Special tokens are ids, never parsed from text, so user text cannot inject them.
+
+    :meth:`save_pretrained` also writes the same tokenizer for plain ``transformers``
+    (``AutoTokenizer.from_pretrained``): the same ids for any text, the same decoding, and a
+    chat template whose ``apply_chat_template`` gives the ids training used. One difference
+    is Hugging Face's: its tokenizers parse special-token names written in text (the chat
+    template depends on that), so a text containing ``<|end|>`` becomes that token there.
     """
 
     SPECIAL_TOKENS = (
@@ -280,7 +307,8 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Bytes -> text (invalid UTF-8 becomes U+FFFD); specials are written as their names
-        unless ``skip_special_tokens``."""
+        unless ``skip_special_tokens`` (then the text is that of the other bytes, joined, as
+        Hugging Face tokenizers decode it)."""
         names = {v: k for k, v in self._special.items()}
         out: list[str] = []
         buf = bytearray()
@@ -291,9 +319,9 @@ class ByteTokenizer(Tokenizer):
                 continue
             if i not in names:
                 raise ValueError(f"ids contains {i}, outside the vocabulary [0, {self.vocab_size})")
-            out.append(buf.decode("utf-8", errors="replace"))
-            buf.clear()
             if not skip_special_tokens:
+                out.append(buf.decode("utf-8", errors="replace"))
+                buf.clear()
                 out.append(names[i])
         out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)
@@ -320,7 +348,9 @@ class ByteTokenizer(Tokenizer):
         return list(content.encode("utf-8"))
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write ``directory/dlmkit_tokenizer.json`` (created if missing)."""
+        """Write ``directory/dlmkit_tokenizer.json`` (what dlmkit loads) and the same tokenizer
+        for ``transformers.AutoTokenizer``: ``tokenizer.json`` and ``tokenizer_config.json``
+        (with the chat template). The directory is created if missing."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         spec = {
@@ -330,6 +360,56 @@ class ByteTokenizer(Tokenizer):
             "special_tokens": self._special,
         }
         (path / BYTE_TOKENIZER_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        self._hf_tokenizer().save(str(path / "tokenizer.json"))
+        (path / "tokenizer_config.json").write_text(json.dumps(self._hf_config(), indent=2) + "\n")
+
+    def _hf_tokenizer(self):
+        """A ``tokenizers`` tokenizer with this one's ids: byte-level pieces with no merges (one
+        token per UTF-8 byte, byte ``b`` at id ``b``), the special tokens at their ids, and
+        ``<|bos|>`` prepended when special tokens are added, as :meth:`encode` does."""
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+        from tokenizers import Tokenizer as RustTokenizer
+
+        # The byte-level pre-tokenizer writes byte b as the character _BYTE_CHARS[b].
+        vocab = {_BYTE_CHARS[b]: b for b in range(256)}
+        tok = RustTokenizer(models.BPE(vocab=vocab, merges=[]))
+        # No regex split: without merges it would change nothing, and each byte stays a token.
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        specials = sorted(self._special, key=self._special.get)
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        bos = "<|bos|>"
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, self.bos_token_id)])
+        got = {t: tok.token_to_id(t) for t in specials}
+        if got != self._special:  # the added tokens must land right after the 256 bytes
+            raise RuntimeError(f"internal error: HF special token ids {got} != {self._special}")
+        return tok
+
+    def _hf_config(self) -> dict:
+        """``tokenizer_config.json``: the special tokens by role and the chat template."""
+        roles = ", ".join(repr(r) for r in self.ROLES)
+        template = (
+            "{{ bos_token }}{% for message in messages %}"
+            f"{{% if message['role'] not in [{roles}] %}}"
+            "{{ raise_exception('the byte tokenizer knows the roles " + "/".join(self.ROLES)
+            + " only, got ' + message['role']) }}{% endif %}"
+            "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+            "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+        )
+        return {
+            # The class name that transformers 4 and 5 both load (5 aliases it).
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|bos|>",
+            "eos_token": "<|eos|>",
+            "pad_token": "<|pad|>",
+            "mask_token": "<|mask|>",
+            "additional_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1_000_000_000,
+            "chat_template": template,
+        }
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> ByteTokenizer:
@@ -405,7 +485,32 @@ class HFTokenizer(Tokenizer):
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.bos_token_id = None if tokenizer.bos_token_id is None else int(tokenizer.bos_token_id)
         self.mask_token_id = int(tokenizer.mask_token_id)
-        self.stop_token_ids = (self.eos_token_id,)
+
+    @functools.cached_property
+    def end_of_turn_token_id(self) -> int | None:
+        """The special token the chat template ends an assistant turn with (``<|im_end|>``,
+        ``<|eot_id|>``, ``<end_of_turn>``, or EOS itself), read from a rendered probe
+        conversation: the last added token of its supervised span. None without a chat
+        template, or when the template ends turns with plain text."""
+        if not getattr(self.hf, "chat_template", None):
+            return None
+        probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+        try:
+            encoded = self.apply_chat_template(probe)
+        except Exception:  # any template error surfaces again when the data is rendered
+            return None
+        added = {int(i) for i in self.hf.added_tokens_decoder}
+        start, end = encoded.assistant_spans[-1]
+        marks = [i for i in encoded.input_ids[start:end] if i in added]
+        return marks[-1] if marks else None
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """EOS and, when the chat template has one, its end-of-turn token (what an assistant
+        turn ends with in training, so what a model trained on it emits)."""
+        end = self.end_of_turn_token_id
+        return (self.eos_token_id,) if end in (None, self.eos_token_id) else \
+            (self.eos_token_id, end)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any) -> HFTokenizer:
@@ -450,8 +555,10 @@ class HFTokenizer(Tokenizer):
         return list(self.hf.encode(piece, add_special_tokens=False))
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write the wrapped tokenizer (with any added mask/pad token) as an HF directory."""
-        self.hf.save_pretrained(str(directory))
+        """Write the wrapped tokenizer (with any added mask/pad token) as an HF directory; the
+        chat template goes into ``tokenizer_config.json``, where every transformers version
+        reads it (the default, ``chat_template.jinja``, is for recent ones only)."""
+        self.hf.save_pretrained(str(directory), save_jinja_files=False)
 
     def __repr__(self) -> str:
         return (

@@ -32,6 +32,9 @@ import torch
 
 from dlmkit.masks import Mask, canvas, canvas_encoder
 
+from .directory import check_model_directory
+from .hf import quiet_transformers
+
 MODEL_TYPE = "diffusion_gemma"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -74,6 +77,7 @@ def check_directory(path: str | os.PathLike, what: str = "model.name") -> Path:
     if not path.is_dir():
         raise ValueError(f"{what} must be a DiffusionGemma preset ({', '.join(PRESETS)}) or a "
                          f"local DiffusionGemma directory, got {str(path)!r} (not a directory)")
+    check_model_directory(path, what)  # a run directory, a checkpoint, weights missing
     found = model_type_of(path)
     if found != MODEL_TYPE:
         detail = "no readable config.json" if found is None else f"model_type {found!r}"
@@ -121,8 +125,9 @@ def build(spec: str, vocab_size: int, *, attention: str, dtype: torch.dtype = to
         path = check_directory(spec)
         if overrides:
             raise ValueError(f"model.config overrides apply to presets only, got {overrides}")
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(
-            path, attn_implementation=attention, dtype=dtype, local_files_only=True)
+        with quiet_transformers():
+            model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+                path, attn_implementation=attention, dtype=dtype, local_files_only=True)
         rows = model.get_input_embeddings().num_embeddings
         if rows < vocab_size:
             raise ValueError(f"{path}: the model has {rows} embeddings, fewer than the "
@@ -146,12 +151,11 @@ def check_block_size(block_size: int, model) -> None:
 def load(path: str | os.PathLike, *, attention: str = "sdpa", device="cpu"):
     """An exported DiffusionGemma directory in eval mode."""
     from transformers import DiffusionGemmaForBlockDiffusion
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
     path = check_directory(path, what="--model")
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(
-        path, attn_implementation=attention, local_files_only=True)
+    with quiet_transformers():
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+            path, attn_implementation=attention, local_files_only=True)
     _check_text_config(model)
     return model.to(device).eval()
 

@@ -132,7 +132,11 @@ class DFlashStrategy(Strategy):
         elif Path(str(spec)).is_dir():
             if overrides:
                 raise ValueError(f"model.config overrides apply to presets only, got {overrides}")
-            model = DFlashDrafter.from_pretrained(spec, local_files_only=True)
+            from dlmkit.models import check_model_directory, quiet_transformers
+
+            check_model_directory(spec, "model.name")
+            with quiet_transformers():
+                model = DFlashDrafter.from_pretrained(spec, local_files_only=True)
             check_pair(model.config, self.target_hidden_size, self.target_vocab_size,
                        self.layer_ids, self.config["block_size"], where=str(spec))
         else:
@@ -145,7 +149,8 @@ class DFlashStrategy(Strategy):
         from dlmkit.models import build_model
 
         # The frozen target: not wrapped, not optimised, not checkpointed.
-        target = build_model(self.target_path, self.vocab_size, attention="sdpa")
+        target = build_model(self.target_path, self.vocab_size, attention="sdpa",
+                             what="strategy.target")
         target = target.to(device).eval().requires_grad_(False)
         self.target = target
 

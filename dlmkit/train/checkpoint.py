@@ -229,6 +229,58 @@ def _load(file: Path, **kwargs):
                               f"directory to resume from the one before") from err
 
 
+def load_model_weights(path: Path, model) -> dict[str, torch.Tensor] | None:
+    """Load checkpoint ``path``'s model weights into ``model`` (one process, not wrapped; the
+    checkpoint may come from any number of ranks) and return its weight average (parameter
+    name -> tensor; None when it has none), for an export of that step. The optimizer state
+    is not read."""
+    path = Path(path)
+    reason = incomplete_reason(path)
+    if reason is not None:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {reason}")
+    try:
+        if (path / "state.pt").is_file():
+            state = _load(path / "state.pt", mmap=True)
+            model_state, ema = state["model"], state.get("ema")
+            shadow = None if ema is None else dict(ema["shadow"])
+        else:  # torch.distributed.checkpoint, written by DDP / FSDP2 ranks
+            model_state, shadow = _load_distributed_weights(path / "state", model)
+        model.load_state_dict(model_state)
+    except (RuntimeError, KeyError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        first = "; ".join(line.strip() for line in str(err).strip().splitlines()[:3])
+        raise CheckpointError(f"checkpoint {path} does not fit the model of its config.yaml "
+                              f"({first})") from err
+    if shadow is None:
+        return None
+    # A DDP-wrapped model names its parameters "module.<name>"; FSDP2 and one process don't.
+    return {name.removeprefix("module."): tensor for name, tensor in shadow.items()}
+
+
+def _load_distributed_weights(directory: Path, model):
+    """``(model state, weight average or None)`` from a torch.distributed.checkpoint
+    directory, read into full tensors in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    state: dict = {"model": model.state_dict()}  # read in place into the parameters
+    prefix = "ema.shadow."
+    shadow_names = [k[len(prefix):] for k in keys if k.startswith(prefix)]
+    if shadow_names:
+        params = dict(model.named_parameters())
+        shadow = {}
+        for name in shadow_names:
+            own = name.removeprefix("module.")
+            if own not in params:
+                raise CheckpointError(f"checkpoint {directory.parent}: its weight average has "
+                                      f"{name!r}, which the model of its config.yaml lacks")
+            shadow[name] = torch.empty_like(params[own].detach())
+        state["ema"] = {"shadow": shadow}
+    dcp.load(state, checkpoint_id=str(directory))
+    return state["model"], state.get("ema", {}).get("shadow")
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, world: World, ema=None) -> int:
     """Restore everything; returns the step to continue from. With ``ema``, its average is
     restored too, or restarted from the restored weights when the checkpoint has none (a run

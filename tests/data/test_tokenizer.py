@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dlmkit.data import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -244,3 +244,92 @@ def test_directory_without_tokenizer_files_is_a_clear_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="holds no tokenizer"):
         load_tokenizer(tmp_path)
+
+
+# ------------------------------------------------------- the files plain transformers loads
+
+
+@pytest.fixture(scope="module")
+def byte_as_hf(tmp_path_factory):
+    """The byte tokenizer as `AutoTokenizer.from_pretrained` loads it from a saved directory.
+    Before: save_pretrained wrote dlmkit_tokenizer.json only, which transformers cannot load."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("byte_hf")
+    ByteTokenizer().save_pretrained(path)
+    assert isinstance(load_tokenizer(path), ByteTokenizer)  # dlmkit still loads its own
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+TEXTS = ["hello world", "héllo wörld — 日本語 🎉 ∑x²", "  two  spaces\n\ttab\r\n", "",
+         "a\x00b\x7f\x80", "rev abc", "Ünïcödé at the end: €"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_byte_tokenizer_in_transformers_encodes_like_dlmkit(byte_as_hf, text):
+    t = ByteTokenizer()
+    assert byte_as_hf.encode(text, add_special_tokens=False) == t.encode(text)
+    assert byte_as_hf.encode(text) == t.encode(text, add_special_tokens=True)  # BOS first
+    assert byte_as_hf.decode(t.encode(text)) == text
+
+
+@settings(max_examples=150)
+@given(st.lists(st.integers(0, 263), max_size=16), st.booleans())
+@example([0xD7, 261, 0x9B], True)  # a skipped special inside a UTF-8 sequence: joined
+def test_byte_tokenizer_in_transformers_decodes_like_dlmkit(byte_as_hf, ids, skip):
+    # Any ids, invalid UTF-8 and special tokens included.
+    t = ByteTokenizer()
+    assert byte_as_hf.decode(ids, skip_special_tokens=skip) == t.decode(ids, skip)
+
+
+@settings(max_examples=60)
+@given(st.text(max_size=40).filter(lambda s: "<|" not in s))
+def test_byte_tokenizer_in_transformers_encodes_any_text_like_dlmkit(byte_as_hf, text):
+    assert byte_as_hf.encode(text, add_special_tokens=False) == ByteTokenizer().encode(text)
+
+
+def test_byte_tokenizer_in_transformers_has_the_special_ids_and_chat_template(byte_as_hf):
+    t = ByteTokenizer()
+    hf = byte_as_hf
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id, hf.mask_token_id) == (
+        t.bos_token_id, t.eos_token_id, t.pad_token_id, t.mask_token_id)
+    assert len(hf) == t.vocab_size
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "rév abc"},
+            {"role": "assistant", "content": "cba"}, {"role": "user", "content": "again"}]
+    for prompt in (True, False):
+        got = hf.apply_chat_template(msgs, add_generation_prompt=prompt, return_dict=True)
+        assert got["input_ids"] == t.apply_chat_template(msgs, prompt).input_ids
+    from jinja2.exceptions import TemplateError
+
+    with pytest.raises(TemplateError, match="roles system/user/assistant only, got tool"):
+        hf.apply_chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_hf_end_of_turn_is_read_from_the_chat_template():
+    """Before: HFTokenizer stopped at EOS only, which a ChatML template never emits after an
+    assistant turn (it ends with <|im_end|>)."""
+    chatml = HFTokenizer(build_hf_tokenizer(pad=True))
+    im_end = chatml.hf.convert_tokens_to_ids("<|im_end|>")
+    assert chatml.end_of_turn_token_id == im_end
+    assert chatml.stop_token_ids == (chatml.eos_token_id, im_end)
+    ends_with_eos = HFTokenizer(build_hf_tokenizer(pad=True,
+                                                   chat_template=IGNORES_GENERATION_PROMPT))
+    assert ends_with_eos.end_of_turn_token_id == ends_with_eos.eos_token_id
+    assert ends_with_eos.stop_token_ids == (ends_with_eos.eos_token_id,)
+    plain_text_turns = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    plain = HFTokenizer(build_hf_tokenizer(pad=True, chat_template=plain_text_turns))
+    assert plain.end_of_turn_token_id is None and plain.stop_token_ids == (plain.eos_token_id,)
+    assert ByteTokenizer().end_of_turn_token_id == ByteTokenizer().token_to_id("<|end|>")
+
+
+def test_hf_save_writes_the_chat_template_into_tokenizer_config(hf_tokenizer_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    t = load_tokenizer(hf_tokenizer_dir)
+    t.save_pretrained(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())
+    assert saved["chat_template"] == t.hf.chat_template
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "out"), local_files_only=True)
+    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    assert hf.apply_chat_template(msgs, return_dict=True)["input_ids"] == \
+        t.apply_chat_template(msgs).input_ids
