@@ -270,7 +270,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if i + 1 == len(layers) or layers[i + 1][0] != where:
             _one_budget(budget, where, config)
             budget = {}
-    _absolute_paths(config)
+    absolute_paths(config)
     if notes is not None:
         notes.extend(_unused_task(layers, config))
     return validate(config)
@@ -321,7 +321,7 @@ def _absolute(value, *, unless: Callable[[str], bool] = lambda name: False):
     return os.path.abspath(value)
 
 
-def _absolute_paths(config: dict) -> None:
+def absolute_paths(config: dict) -> None:
     """Make the path-valued keys absolute (in place; see :func:`load_config`)."""
     d, m = config["data"], config["model"]
     for key in ("train_files", "validation_files"):

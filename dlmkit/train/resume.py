@@ -34,6 +34,7 @@ from .checkpoint import ResumePoint, find_resume_point
 from .config import (
     RESUMABLE_KEYS,
     ConfigError,
+    absolute_paths,
     flatten,
     get_key,
     set_key,
@@ -140,16 +141,16 @@ def _data_differences(run_dir: Path, config: dict) -> tuple[dict[str, tuple], di
 
 
 def _older_relative_paths(config: dict, point: ResumePoint) -> list[str]:
-    """Make the checkpoint config's relative data paths absolute (in place), from the current
-    directory as an older dlmkit did, and say so: it recorded them as written."""
-    d = config["data"]
-    relative = [p for p in data_files(config) if not os.path.isabs(p)]
-    if not relative:
+    """Make the checkpoint config's relative paths absolute (in place), from the current
+    directory as an older dlmkit, which recorded them as written, did; and say so."""
+    before = flatten(config)
+    absolute_paths(config)
+    after = flatten(config)
+    moved = [f"{key}={value!r}" for key, value in before.items() if after[key] != value]
+    if not moved:
         return []
-    for key in ("train_files", "validation_files"):
-        d[key] = [os.path.abspath(p) for p in d[key]]
-    return [f"{point.path / 'config.yaml'} names data files relative to the directory it was "
-            f"started in (older dlmkit): reading {', '.join(relative)} from {os.getcwd()}"]
+    return [f"{point.path / 'config.yaml'} records paths relative to the directory the run was "
+            f"started in (older dlmkit); reading them from {os.getcwd()}: {', '.join(moved)}"]
 
 
 def _differences(old: dict, new: dict) -> dict[str, tuple]:

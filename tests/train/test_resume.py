@@ -156,8 +156,9 @@ def test_a_run_from_an_older_dlmkit_resumes_with_its_relative_paths_and_says_so(
     capsys.readouterr()
     main(["train", "--output-dir", str(run_dir), "--resume", "--set", "train.steps=3"])
     out = capsys.readouterr().out.splitlines()
-    assert (f"resume: {checkpoint / 'config.yaml'} names data files relative to the directory "
-            f"it was started in (older dlmkit): reading train.jsonl from {tmp_path}") in out
+    assert (f"resume: {checkpoint / 'config.yaml'} records paths relative to the directory the "
+            f"run was started in (older dlmkit); reading them from {tmp_path}: "
+            "data.train_files=['train.jsonl']") in out
     assert (f"resume: {run_dir / 'data_files.json'} does not exist (a run from an older "
             "dlmkit): the data files are not checked against the ones it trained on") in out
     assert (run_dir / "data_files.json").is_file()

@@ -210,3 +210,18 @@ def test_resume_prints_where_it_starts_and_what_it_trains_on(finished, tmp_path,
     assert (f"resuming from step 3 of 4 (checkpoint {run_dir / 'checkpoints' / 'step_0000003'})"
             in out.splitlines())
     assert "budget: 4 steps x 8 samples = 0.5 passes over the training records" in out
+
+
+@pytest.mark.slow  # torchrun with two ranks: ~15 s on 2 busy cores
+def test_under_torchrun_every_rank_stops_when_the_directory_is_in_use(tmp_path, holder):
+    """Rank 0 alone takes the lock; the other ranks learn that it failed instead of waiting
+    for it at the next collective."""
+    from .helpers import cli_subprocess
+
+    run_dir = tmp_path / "run"
+    proc = holder(run_dir)
+    ranks = cli_subprocess(cli_args(run_dir, "train.steps=1"), nproc=2)
+    out, _ = ranks.communicate(timeout=240)
+    assert ranks.returncode != 0
+    assert out.count(f"error: output directory {run_dir} is in use by another training run "
+                     f"(pid {proc.pid} ") == 2, out[-3000:]
