@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 # CLI flag -> SamplerConfig field; only flags the user sets are passed on, so a flag the chosen
@@ -27,7 +28,9 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                         help="DFlash drafter export (RUN/final of strategy dflash): speculative "
                              "decoding of --model, the target (sampler dflash; greedy output "
                              "equals the target's own)")
-    parser.add_argument("--device", default="cpu", help="torch device")
+    parser.add_argument("--device", default="auto",
+                        help="torch device: auto (the GPU when there is one, else the CPU, as "
+                             "`dlmkit train` picks), cpu, cuda or cuda:N")
     parser.add_argument("--attention", default="sdpa",
                         choices=("sdpa", "flex_attention", "eager"), help="attention backend")
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per batch")
@@ -105,14 +108,50 @@ TRAINED_BLOCK_SAMPLERS = ("bd3lm", "hybrid")
 
 def _check_exported(args) -> None:
     """Before loading: without dlmkit.json the sampler cannot default to the training one."""
+    from dlmkit.models import check_model_directory
+
+    try:  # first: a run directory or a checkpoint gets its own advice, not --sampler's
+        check_model_directory(args.model, "--model")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     model = Path(args.model)
-    if args.sampler is None and model.is_dir() and not (model / "dlmkit.json").is_file():
+    if args.draft is not None:  # the sampler is dflash; the pair is checked before loading
+        _check_draft(args)
+    elif args.sampler is None and model.is_dir() and not (model / "dlmkit.json").is_file():
         raise SystemExit(
             f"error: --model {model} has no dlmkit.json, so it is not a model exported by "
             "`dlmkit train` (RUN/final) and the sampler to decode it with is unknown; pass "
             "--sampler: ar for a plain causal LM, or mdlm, scdd, bd3lm, hybrid or idlm for a "
             "diffusion model trained that way (bd3lm/hybrid also need --block-size, its "
             "trained block)")
+
+
+def _check_draft(args) -> None:
+    from dlmkit.generate.speculative import check_draft_pair, read_meta
+
+    if args.sampler not in (None, "dflash"):
+        raise SystemExit(f"error: --draft is speculative decoding (sampler dflash); --sampler "
+                         f"{args.sampler} decodes --model alone: drop --draft or --sampler")
+    try:
+        check_draft_pair(args.model, read_meta(args.model), args.draft)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def resolve_device(spec: str) -> str:
+    """``--device`` checked as ``dlmkit train`` checks ``train.device``; ``auto`` is, as in
+    training, CUDA when there is a GPU, else the CPU."""
+    import torch
+
+    from dlmkit.train.preflight import check_device
+
+    try:
+        check_device(spec, "--device")
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return spec
 
 
 def _check_block_size(args, loaded, config) -> None:
@@ -136,19 +175,29 @@ def sampler_options(args) -> dict:
 def load_and_configure(args, **extra):
     """``(LoadedModel, SamplerConfig)``; bad input becomes ``SystemExit('error: ...')``."""
     from dlmkit.generate import load
+    from dlmkit.generate.api import SamplerFamilyWarning
 
     if args.batch_size < 1:
         raise SystemExit(f"error: --batch-size must be >= 1, got {args.batch_size}")
+    device = resolve_device(args.device)
     _check_exported(args)
     try:
-        loaded = load(args.model, device=args.device, attention=args.attention)
+        loaded = load(args.model, device=device, attention=args.attention)
         if args.draft is not None:
             from dlmkit.generate.speculative import attach_draft
 
-            loaded = attach_draft(loaded, args.draft, device=args.device)
-        config = loaded.config(args.sampler, **sampler_options(args), **extra)
+            loaded = attach_draft(loaded, args.draft, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SamplerFamilyWarning)
+            config = loaded.config(args.sampler, **sampler_options(args), **extra)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    for warning in caught:
+        if issubclass(warning.category, SamplerFamilyWarning):
+            print(f"warning: {warning.message}", file=sys.stderr)
+        else:  # not ours: shown as Python would have
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
     _check_block_size(args, loaded, config)
     return loaded, config
 
@@ -220,37 +269,54 @@ def run(args) -> int:
     if args.infill is not None and args.pad_to is not None:
         raise SystemExit("error: --pad-to sets the length of a generated canvas; --infill fills "
                          "the masks of the given template at its own length (drop one)")
-    loaded, config = load_and_configure(args)
+    try:
+        loaded, config = load_and_configure(args)
+    except KeyboardInterrupt:
+        print("interrupted while loading the model; nothing was decoded", file=sys.stderr)
+        return 130
+    stats = sys.stderr if args.json else sys.stdout
     results: list[GenerationResult] = []
-    for at in range(0, len(prompts), args.batch_size):
-        chunk = prompts[at:at + args.batch_size]
-        try:
-            if args.infill is not None:
-                sequences = [encode_infill(loaded.tokenizer, p, args.infill, args.span_length)
-                             for p in chunk]
-                results.append(infill(loaded.model, loaded.tokenizer, sequences, config))
-            else:
-                results.append(generate(loaded.model, loaded.tokenizer, chunk, config))
-        except ValueError as err:
-            raise SystemExit(f"error: {err}") from None
-    texts = [t for r in results for t in r.texts]
+    done = 0
+    try:
+        for at in range(0, len(prompts), args.batch_size):
+            chunk = prompts[at:at + args.batch_size]
+            try:
+                if args.infill is not None:
+                    sequences = [encode_infill(loaded.tokenizer, p, args.infill,
+                                               args.span_length) for p in chunk]
+                    result = infill(loaded.model, loaded.tokenizer, sequences, config)
+                else:  # first_index: a prompt's samples do not depend on its batch
+                    result = generate(loaded.model, loaded.tokenizer, chunk, config,
+                                      first_index=at)
+            except ValueError as err:
+                raise SystemExit(f"error: {err}") from None
+            results.append(result)
+            _print_responses(chunk, result.texts, args.json)  # each batch as it is done
+            done += len(chunk)
+    except KeyboardInterrupt:
+        shown = " (their responses are above)" if done else ""
+        print(f"interrupted: {done} of {len(prompts)} prompts decoded{shown}", file=sys.stderr)
+        return 130
     forwards = sum(r.forwards for r in results)
     row_forwards = sum(r.row_forwards for r in results)
     generated = sum(r.generated for r in results)
     seconds = sum(r.seconds for r in results)
+    print(f"sampler: {config.sampler}  forwards: {forwards}  tokens: {generated}  "
+          f"tokens/forward: {generated / max(row_forwards, 1):.2f} (per sequence)  "
+          f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=stats)
+    _print_speculative(loaded.model, stats)
+    return 0
+
+
+def _print_responses(prompts: list, texts: list[str], as_json: bool) -> None:
     for prompt, text in zip(prompts, texts):
-        if args.json:
+        if as_json:
             key = "prompt" if isinstance(prompt, str) else "messages"
             print(json.dumps({key: prompt, "output": text}))
         else:
             shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
             print(f"> {shown}\n{text}")
-    print(f"sampler: {config.sampler}  forwards: {forwards}  tokens: {generated}  "
-          f"tokens/forward: {generated / max(row_forwards, 1):.2f} (per sequence)  "
-          f"tokens/s: {generated / max(seconds, 1e-9):.1f}", file=sys.stderr if args.json
-          else sys.stdout)
-    _print_speculative(loaded.model, sys.stderr if args.json else sys.stdout)
-    return 0
+    sys.stdout.flush()
 
 
 def _print_speculative(model, file=sys.stdout) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,42 @@ class GenerationResult:
         return self.generated / max(self.seconds, 1e-9)
 
 
+class SamplerFamilyWarning(UserWarning):
+    """A sampler decoding the export of a related family, not with the process it trained for."""
+
+
+# Samplers that decode a family's export besides its own (``strategy.sampler``). The clean
+# causal stream of hybrid and idlm is a causal LM: ``ar`` decodes it as trained (token for token
+# hybrid's mode='ar'; idlm commits exactly that stream's greedy tokens). mdlm and scdd share the
+# bidirectional masked layout, so each sampler runs on the other's export, but with a reverse
+# process the model was not trained for (a warning). Any other pairing feeds the model a layout
+# it never saw (the mdlm sampler on a bd3lm export decodes an empty answer): an error.
+ALSO_DECODES = {"hybrid": ("ar",), "idlm": ("ar",)}
+RELATED_SAMPLERS = {"mdlm": ("scdd",), "scdd": ("mdlm",)}
+
+
+def check_sampler_family(family: str, sampler: str, where) -> None:
+    """``sampler`` on an export of training strategy ``family`` (named in ``where``): silent when
+    it decodes the family as trained, a :class:`SamplerFamilyWarning` for a related family's
+    sampler, else a ValueError naming the samplers that fit."""
+    own = strategies.get(family).sampler
+    fits = (own, *ALSO_DECODES.get(family, ()))
+    if sampler in fits:
+        return
+    trained = f"{where} says strategy {family!r}"
+    if sampler in RELATED_SAMPLERS.get(family, ()):
+        warnings.warn(f"sampler {sampler!r} on a model trained as {family} ({trained}): both are "
+                      "bidirectional masked diffusion, so it runs, but not with the reverse "
+                      f"process this model was trained for; its own sampler is {own!r} (omit "
+                      "--sampler)", SamplerFamilyWarning, stacklevel=3)
+        return
+    hint = ("; dflash is speculative decoding: pass a causal target as --model and its "
+            "drafter export as --draft" if sampler == "dflash" else "")
+    raise ValueError(f"sampler {sampler!r} does not decode this model ({trained}: trained "
+                     f"for the {own} sampler); samplers for this model: "
+                     f"{', '.join(fits)} (omit --sampler for {own}){hint}")
+
+
 @dataclass
 class LoadedModel:
     """An exported ``RUN/final`` directory: model, tokenizer and ``dlmkit.json``."""
@@ -106,6 +143,8 @@ class LoadedModel:
                 raise ValueError(f"{why}; pick one explicitly with --sampler "
                                  f"({', '.join(SAMPLERS)})")
             sampler = strategy.sampler
+        elif strategy is not None and strategy.sampler:
+            check_sampler_family(name, sampler, self.path / META_FILE)
         defaults: dict = {}
         if self.meta.get("max_new_tokens"):
             defaults["max_new_tokens"] = int(self.meta["max_new_tokens"])
@@ -121,11 +160,9 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
          attention: str = "sdpa") -> LoadedModel:
     """Load ``RUN/final`` (model, tokenizer and ``dlmkit.json``), with clear errors."""
     from dlmkit.data import load_tokenizer
-    from dlmkit.models import load_exported
+    from dlmkit.models import check_model_directory, load_exported
 
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"--model {path}: not a directory (pass the exported RUN/final)")
+    path = check_model_directory(path, "--model")  # a run directory, a checkpoint: what to pass
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise ValueError(f"--model {path}: no tokenizer in the model directory (expected one of "
                          f"{', '.join(TOKENIZER_FILES)}; the recipe saves it next to the model)")
@@ -242,6 +279,40 @@ def _prompt_generators(seed: int, first_index: int, count: int, device):
     return prompt_generators(seed, range(first_index, first_index + count), device)
 
 
+def max_positions(model) -> int | None:
+    """The positions ``model`` was built for (``max_position_embeddings`` of its config; a
+    speculative pair's target's), None where its config records no limit."""
+    config = getattr(getattr(model, "target", model), "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def check_prompt_lengths(model, lengths: Sequence[int], widths: Sequence[int],
+                         labels: Sequence[str]) -> None:
+    """A ValueError when a prompt of ``lengths[i]`` tokens and the ``widths[i]`` tokens decoded
+    after it need more positions than ``model`` has: past them a model reads positions it never
+    saw and decodes noise without a word. ``labels`` name the prompts in the message."""
+    limit = max_positions(model)
+    if limit is None:
+        return
+    over = [i for i, (n, w) in enumerate(zip(lengths, widths)) if n + w > limit]
+    if not over:
+        return
+    i = over[0]
+    n, w = lengths[i], widths[i]
+    more = f" (and {len(over) - 1} more)" if len(over) > 1 else ""
+    if not w:
+        raise ValueError(f"{labels[i]} is {n} tokens, but the model has {limit} positions "
+                         f"(max_position_embeddings in its config.json){more}; shorten it")
+    room = (f"shorten it to at most {limit - w} tokens or decode fewer new tokens"
+            if w < limit else f"decode fewer than {limit} new tokens")
+    raise ValueError(f"{labels[i]} is {n} tokens and {w} more are decoded after it: {n + w} "
+                     f"positions, but the model has {limit} (max_position_embeddings in its "
+                     f"config.json){more}; {room}")
+
+
 def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
              config: SamplerConfig, *, first_index: int = 0) -> GenerationResult:
     """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch.
@@ -256,6 +327,9 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     if isinstance(prompts, str):
         prompts = [prompts]
     encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    lengths = [len(e) for e in encoded]
+    check_prompt_lengths(model, lengths, cfg.canvas_widths(lengths),
+                         [f"prompt {first_index + i}" for i in range(len(encoded))])
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
     generator = _prompt_generators(cfg.seed, first_index, len(encoded), runner.device)
     ids = {"mask_id": tokenizer.mask_token_id, "pad_id": tokenizer.pad_token_id}
@@ -308,6 +382,9 @@ def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
     if cfg.sampler not in ("mdlm", "scdd"):
         raise ValueError(f"infilling needs a bidirectional model (mdlm or scdd), got sampler "
                          f"{cfg.sampler!r}")
+    # the masks are filled in place: nothing is decoded past a sequence's end
+    check_prompt_lengths(model, [len(s) for s in sequences], [0] * len(sequences),
+                         [f"sequence {i}" for i in range(len(sequences))])
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
     generator = _prompt_generators(cfg.seed, 0, len(sequences), runner.device)
     start = time.perf_counter()

@@ -56,6 +56,15 @@ def exact_match(prediction: str, reference: str) -> bool:
     return prediction.strip() == reference.strip()
 
 
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`score_turns`: ``rows`` holds the turns scored before it (a
+    KeyboardInterrupt still, for callers that only know that)."""
+
+    def __init__(self, rows: list[dict], total: int) -> None:
+        super().__init__(f"interrupted after {len(rows)} of {total} turns")
+        self.rows, self.total = rows, total
+
+
 def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, *,
                 batch_size: int = 32, progress: bool = False):
     """Generate every turn's response; returns ``(rows, totals)``.
@@ -64,34 +73,44 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
     "correct", "forwards"}`` where ``forwards`` counts the model forwards of the batch that
     decoded the turn (with ``batch_size=1``: exactly this turn's). ``totals`` is a
     :class:`~dlmkit.generate.GenerationResult` over all batches. ``progress`` reports on
-    stderr after each batch (see :class:`TurnProgress`).
+    stderr after each batch (see :class:`TurnProgress`). Every turn's length is checked
+    before the first is decoded (:func:`~dlmkit.generate.api.check_prompt_lengths`); Ctrl-C
+    raises :class:`EvaluationInterrupted` with the rows scored so far.
     """
-    from .api import GenerationResult, generate
+    from .api import GenerationResult, check_prompt_lengths, encode_prompt, generate
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    encoded = [encode_prompt(tokenizer, list(t.prompt)) for t in turns]
+    lengths = [len(e) for e in encoded]
+    check_prompt_lengths(model, lengths, config.resolved().canvas_widths(lengths),
+                         [f"{t.source} (assistant turn {t.position})" for t in turns])
     rows: list[dict] = []
     tokens: list[list[int]] = []
     forwards = generated = row_forwards = 0
     seconds = 0.0
     bar = TurnProgress(len(turns), enabled=progress)
-    for at in range(0, len(turns), batch_size):
-        chunk = turns[at:at + batch_size]
-        result = generate(model, tokenizer, [list(t.prompt) for t in chunk], config,
-                          first_index=at)  # the same samples whatever the batch size
-        forwards += result.forwards
-        generated += result.generated
-        row_forwards += result.row_forwards
-        seconds += result.seconds
-        tokens += result.tokens
-        for turn, text in zip(chunk, result.texts):
-            rows.append({"source": turn.source, "conversation": turn.conversation,
-                         "turn": turn.position, "prompt": [dict(m) for m in turn.prompt],
-                         "reference": turn.reference, "prediction": text,
-                         "correct": exact_match(text, turn.reference),
-                         "forwards": result.forwards})
-        bar.update(len(chunk), sum(r["correct"] for r in rows))
-    bar.close()
+    try:
+        for at in range(0, len(turns), batch_size):
+            chunk = turns[at:at + batch_size]
+            result = generate(model, tokenizer, encoded[at:at + batch_size], config,
+                              first_index=at)  # the same samples whatever the batch size
+            forwards += result.forwards
+            generated += result.generated
+            row_forwards += result.row_forwards
+            seconds += result.seconds
+            tokens += result.tokens
+            for turn, text in zip(chunk, result.texts):
+                rows.append({"source": turn.source, "conversation": turn.conversation,
+                             "turn": turn.position, "prompt": [dict(m) for m in turn.prompt],
+                             "reference": turn.reference, "prediction": text,
+                             "correct": exact_match(text, turn.reference),
+                             "forwards": result.forwards})
+            bar.update(len(chunk), sum(r["correct"] for r in rows))
+    except KeyboardInterrupt:
+        raise EvaluationInterrupted(rows, len(turns)) from None
+    finally:
+        bar.close()
     totals = GenerationResult(tokens, [r["prediction"] for r in rows], forwards, generated,
                               seconds, row_forwards)
     return rows, totals

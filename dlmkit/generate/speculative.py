@@ -286,13 +286,49 @@ def read_meta(path) -> dict:
     return json.loads(meta.read_text()) if meta.is_file() else {}
 
 
+def check_draft_pair(target_path, target_meta: dict, draft_path) -> None:
+    """From the two ``dlmkit.json`` files, before any weights load: ``draft_path`` is a DFlash
+    drafter export and the target (``target_meta``, ``{}`` for a plain Hugging Face model) a
+    causal LM, the only kind that can verify drafts."""
+    draft_meta = read_meta(draft_path)
+    kind = draft_meta.get("strategy")
+    if kind != "dflash":
+        what = (f"its dlmkit.json says strategy {kind!r}" if draft_meta
+                else "it has no dlmkit.json")
+        raise ValueError(f"--draft {draft_path}: not a DFlash drafter export ({what}); --draft "
+                         "takes RUN/final of a run trained with strategy.name=dflash against "
+                         "the target passed as --model")
+    family = target_meta.get("strategy")
+    if family not in (None, "ar"):
+        recorded = draft_meta.get("target")
+        hint = f" (this drafter was trained against {recorded})" if recorded else ""
+        raise ValueError(f"--model {target_path}: trained with strategy {family!r}, not a causal "
+                         "LM; speculative decoding verifies the drafts with the target's "
+                         "next-token predictions, so --model with --draft must be an ar export "
+                         "(RUN/final of strategy.name=ar) or a plain Hugging Face causal LM"
+                         f"{hint}")
+
+
 def load_drafter(path, *, device="cpu"):
+    from dlmkit.models import quiet_transformers
     from dlmkit.models.dflash import DFlashDrafter
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"--draft {path}: not a drafter directory (no config.json)")
-    return DFlashDrafter.from_pretrained(path, local_files_only=True).to(device).eval()
+    with quiet_transformers():
+        drafter, info = DFlashDrafter.from_pretrained(path, local_files_only=True,
+                                                      output_loading_info=True)
+    # transformers initialises absent tensors at random and only logs it: a drafter with
+    # random weights drafts noise (tau 1.0) while looking like it works.
+    missing = sorted(info["missing_keys"]) + sorted(k for k, *_ in info["mismatched_keys"])
+    if missing:
+        total = len(drafter.state_dict())
+        raise ValueError(f"--draft {path}: the weights file lacks {len(missing)} of the "
+                         f"drafter's {total} tensors (or has them in another shape: "
+                         f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); "
+                         "they would be random. Pass the final/ directory of a dflash run")
+    return drafter.to(device).eval()
 
 
 def load_pair(path, *, device="cpu", attention="sdpa", target=None) -> DFlashPair:
@@ -315,6 +351,7 @@ def attach_draft(loaded, draft_path, *, device="cpu"):
     default sampler is ``dflash`` with the drafter's block size."""
     import dataclasses
 
+    check_draft_pair(loaded.path, loaded.meta, draft_path)
     pair = DFlashPair(loaded.model, load_drafter(draft_path, device=device))
     meta = {**loaded.meta, "strategy": "dflash", "block_size": pair.block_size}
     return dataclasses.replace(loaded, model=pair, meta=meta)

@@ -16,23 +16,24 @@ import torch
 from .config import ConfigError
 
 
-def check_device(spec: str) -> None:
-    """``train.device`` names a device this machine has."""
+def check_device(spec: str, option: str = "train.device") -> None:
+    """``train.device`` (or the command-line ``option`` that takes a device the same way)
+    names a device this machine has."""
     if spec == "auto":
         return
     try:
         device = torch.device(spec)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"train.device={spec!r} is not a torch device; use auto, cpu, cuda or "
+        raise ConfigError(f"{option}={spec!r} is not a torch device; use auto, cpu, cuda or "
                           "cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch build has no CUDA support" if torch.version.cuda is None
                    else "no CUDA device is visible")
-            raise ConfigError(f"train.device={spec} but {why} (torch {torch.__version__}); use "
-                              "train.device=cpu, or auto (CUDA when present, else the CPU)")
+            raise ConfigError(f"{option}={spec} but {why} (torch {torch.__version__}); use "
+                              f"{option}=cpu, or auto (CUDA when present, else the CPU)")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"train.device={spec} but this machine has "
+            raise ConfigError(f"{option}={spec} but this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
 
 
