@@ -297,6 +297,8 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     ``pad_to``: the length the collator padded the training rows to (its ``pad_to``,
     :func:`trained_row_length`; null unless the family trains fixed-length rows).
     """
+    from dlmkit.models import make_readable, write_token_ids
+
     final = run_dir / name
     if world.distributed:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -318,6 +320,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
         else:
             inner.save_pretrained(final, state_dict=state)
         tokenizer.save_pretrained(final)
+        write_token_ids(final, tokenizer)  # plain transformers generate() stops at a turn's end
         (final / "dlmkit.json").write_text(json.dumps({
             "strategy": strategy.name,
             "block_size": strategy.config.get("block_size"),
@@ -331,6 +334,7 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
             **strategy.export_meta(),
             **(meta or {}),
         }, indent=1))
+        make_readable(final)
     barrier(world)
     return final
 
