@@ -46,7 +46,9 @@ DEFAULTS: dict = {
         "name": None,             # preset name or local model directory (None = the
                                   # strategy's own preset: tiny-llama for the causal-LM families)
         "attention": "auto",      # auto | sdpa | flex_attention | eager
-        "dtype": "float32",
+        "dtype": None,            # float32 | bfloat16: frozen weights (LoRA's base) and the
+                                  # export; null = the checkpoint's own (float32 for a preset).
+                                  # Trained weights are train.master_dtype (dlmkit.train.precision)
         "config": {},             # preset overrides (e.g. num_hidden_layers)
         "gradient_checkpointing": False,  # recompute layer activations in the backward
         "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
@@ -85,7 +87,10 @@ DEFAULTS: dict = {
                                   # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
                                   # 0 = none; None = the strategy's default_ema_decay,
                                   # written into config.yaml
-        "autocast": "auto",       # auto (bf16 on CUDA, off on CPU) | bf16 | none
+        "autocast": "auto",       # auto (bf16 on CUDA or with model.dtype bfloat16, else
+                                  # off) | bf16 | none: the compute dtype of every forward
+        "master_dtype": "float32",  # trainable weights, optimizer state; bfloat16 = pure-bf16
+                                    # opt-in that loses small updates (warned)
         "loss_chunk_size": None,
         "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)
         "device": "auto",
@@ -356,8 +361,11 @@ def validate(config: dict) -> dict:
     need(d["truncation"] in TRUNCATION_POLICIES,
          f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, "
          f"got {d['truncation']!r}")
-    need(m["dtype"] in ("float32", "bfloat16"),
-         f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
+    need(m["dtype"] is None or m["dtype"] in ("float32", "bfloat16"),
+         f"model.dtype must be float32, bfloat16 or null (the checkpoint's own), "
+         f"got {m['dtype']!r}")
+    need(t["master_dtype"] in ("float32", "bfloat16"),
+         f"train.master_dtype must be float32 or bfloat16, got {t['master_dtype']!r}")
     need(isinstance(m["gradient_checkpointing"], bool),
          f"model.gradient_checkpointing must be true or false, got {m['gradient_checkpointing']!r}")
     if m["lora"] is not None:

@@ -40,6 +40,16 @@ from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
 from .ema import WeightAverage
 from .metrics import MetricsLog, plot_loss_curve
+from .precision import autocast as precision_autocast
+from .precision import (
+    export_state,
+    fsdp_policy,
+    place_parameters,
+    record_export_dtype,
+    resolve_precision,
+    resolve_storage_dtype,
+    warn_pure_bf16,
+)
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress
 from .resume import ResumePlan, plan_resume
@@ -127,12 +137,8 @@ def lr_at(step: int, config: dict) -> float:
 
 
 def autocast_context(config: dict, device: torch.device):
-    mode = config["train"]["autocast"]
-    if mode == "auto":
-        mode = "bf16" if device.type == "cuda" else "none"
-    if mode == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    """The compute dtype of every training and validation forward (see :mod:`.precision`)."""
+    return precision_autocast(resolve_precision(config, device), device)
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -306,15 +312,19 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     if world.is_main:
         inner = getattr(model, "module", model)
         lora = config["model"]["lora"]
+        dtype = getattr(torch, config["model"]["dtype"] or "float32")
         if lora:  # merged weights or the adapter alone, from a fresh copy of the model
             from dlmkit.models.lora import save_lora_export
 
             fresh = build_trained_model(config, strategy, tokenizer.vocab_size,
                                         inner.config._attn_implementation, "cpu")
             save_lora_export(final, fresh, inner.state_dict() if state is None else state,
-                             lora, base=config["model"]["name"])
+                             lora, base=config["model"]["name"], dtype=dtype)
         else:
+            if dtype != inner.dtype:  # fp32 masters written as the source's (or asked) dtype
+                state = export_state(inner.state_dict() if state is None else state, dtype)
             inner.save_pretrained(final, state_dict=state)
+            record_export_dtype(final, dtype)
         tokenizer.save_pretrained(final)
         (final / "dlmkit.json").write_text(json.dumps({
             "strategy": strategy.name,
@@ -407,14 +417,17 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
     from dlmkit.models.lora import apply_lora
 
     m = config["model"]
+    precision = resolve_precision(config, torch.device(device))
+    # Built in the master dtype (a bf16 checkpoint loads exactly into fp32); the frozen parts
+    # go to the storage dtype once LoRA has said which they are.
     model = strategy.build_model(m["name"], vocab_size=vocab_size, attention=attention,
-                                 dtype=getattr(torch, m["dtype"]),
+                                 dtype=precision.master,
                                  overrides=m["config"]).to(device)
     if m["gradient_checkpointing"]:
         enable_gradient_checkpointing(model)
     if m["lora"]:
         apply_lora(model, m["lora"], base=m["name"])
-    return model
+    return place_parameters(model, precision)
 
 
 def build_components(config: dict, world: World) -> Components:
@@ -455,7 +468,10 @@ def build_components(config: dict, world: World) -> Components:
     sampler = build_sampler(config, world, len(train_set))
     budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
                                             resolve_warmup(config, strategy),
-                                            resolve_ema(config, strategy)) if line)
+                                            resolve_ema(config, strategy),
+                                            resolve_storage_dtype(config)) if line)
+    warn_pure_bf16(config)
+    budget_report += (resolve_precision(config, world.device).describe(),)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -465,7 +481,8 @@ def build_components(config: dict, world: World) -> Components:
     for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
             strategy.check_dataset(dataset, collator.max_seq_len)
-    model = wrap_model(model, world, t["distributed"])
+    model = wrap_model(model, world, t["distributed"],
+                       mp_policy=fsdp_policy(resolve_precision(config, world.device)))
     # Frozen weights (LoRA's base) get no optimizer state.
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.dim() >= 2]
