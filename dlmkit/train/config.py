@@ -64,6 +64,11 @@ DEFAULTS: dict = {
         # each strategy and the README's tables. Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
+        # With validation data, stop after this many validations in a row that do not lower
+        # the best validation loss by min_delta (nats/token); steps/epochs are then the most
+        # the run trains (dlmkit.train.early_stopping). 0 = train the whole budget.
+        "early_stopping_patience": 5,
+        "early_stopping_min_delta": 0.001,
         "epochs": None,           # passes over the training records; when set it decides the
                                   # step count instead of steps (see dlmkit.train.budget)
         "global_batch_size": 64,
@@ -131,7 +136,8 @@ def _yaml(text: str):
 # Keys a resumed run may change: they do not alter what is trained (train.steps extends or
 # shortens the schedule's horizon; the rest is bookkeeping). Any other difference between a
 # resume's config and its checkpoint's is an error (see dlmkit.train.resume).
-RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.log_every", "train.val_every",
+RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.early_stopping_patience",
+                  "train.early_stopping_min_delta", "train.log_every", "train.val_every",
                   "train.save_every", "train.threads", "train.progress", "train.device",
                   "output_dir")
 
@@ -304,6 +310,14 @@ def validate(config: dict) -> dict:
     need(t["steps"] is None or positive_int(t["steps"]),
          f"train.steps must be a positive int, got {t['steps']!r} (or null: the strategy's "
          "default_steps, or train.epochs when set)")
+    need(isinstance(t["early_stopping_patience"], int)
+         and not isinstance(t["early_stopping_patience"], bool)
+         and t["early_stopping_patience"] >= 0,
+         f"train.early_stopping_patience must be an int >= 0 (0 = off), got "
+         f"{t['early_stopping_patience']!r}")
+    need(number(t["early_stopping_min_delta"]) and t["early_stopping_min_delta"] >= 0,
+         f"train.early_stopping_min_delta must be a number >= 0, got "
+         f"{t['early_stopping_min_delta']!r}")
     need(t["epochs"] is None or (number(t["epochs"]) and t["epochs"] > 0),
          f"train.epochs must be a number > 0 or null, got {t['epochs']!r}")
     for key in ("global_batch_size", "log_every", "val_every",

@@ -38,6 +38,7 @@ from .budget import resolve_budget, resolve_warmup
 from .checkpoint import load_checkpoint, newest_complete_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
+from .early_stopping import EarlyStopping
 from .ema import WeightAverage
 from .metrics import MetricsLog, plot_loss_curve
 from .precision import autocast as precision_autocast
@@ -574,6 +575,11 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         if plan is not None:
             plan.record(run_dir, start)
     metrics = MetricsLog(run_dir / "metrics.jsonl", world.is_main, resume_step=start)
+    barrier(world)  # every rank replays the validation losses rank 0 kept
+    stopper = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"]) \
+        .replay(metrics.path, start) if val_set is not None else None
+    if stopper is not None and stopper.exhausted:
+        messages.message(f"resume: {stopper.reason()}")
     best = BestModel(run_dir, enabled=val_set is not None and t["final_model"] == "best",
                      is_main=world.is_main)
     if not sys.stderr.isatty():  # transformers' shard-writing bar (exports of best/, final/):
@@ -592,7 +598,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
                         initial=start, desc=f"train {strategy.name}")
     status.step = start
     window_tokens, window_start = 0, time.perf_counter()
-    for step in range(start, t["steps"]):
+    last = start
+    for step in range(start, t["steps"] if not (stopper and stopper.exhausted) else start):
         stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
                            sampler, config, world)
         if ema is not None:
@@ -614,13 +621,20 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             metrics.write({"split": "validation", "step": done, "loss": val_loss})
             progress.message(f"step {done}: validation loss {val_loss:.4f}")
             best.offer(done, val_loss, export)
+            stopped = stopper is not None and stopper.observe(done, val_loss)
+        else:
+            stopped = False
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
-        if done % t["save_every"] == 0 or done == t["steps"]:
+        if done % t["save_every"] == 0 or done == t["steps"] or stopped:
             save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config,
                             ema=ema)
         progress.advance()
+        last = done
+        if stopped:
+            progress.message(f"step {done}: {stopper.reason()}")
+            break
     progress.close()
-    final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
+    final = best.finish(last, export)  # RUN/final = the best by validation loss
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
         print(f"run directory: {run_dir}\nfinal model: {final}")
