@@ -64,6 +64,9 @@ DEFAULTS: dict = {
         # each strategy and the README's tables. Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
+        # auto: fine-tune when model.name is a model directory with weights, else train from
+        # scratch; each regime fills the unset keys its own way (dlmkit.train.regime)
+        "regime": "auto",
         # With validation data, stop after this many validations in a row that do not lower
         # the best validation loss by min_delta (nats/token); steps/epochs are then the most
         # the run trains (dlmkit.train.early_stopping). 0 = train the whole budget.
@@ -80,11 +83,8 @@ DEFAULTS: dict = {
                                   # default_warmup_steps (dlmkit.train.budget: 20 steps
                                   # collapsed attention at lr 3e-3 on the suite's `arith`);
                                   # written into config.yaml
-        "weight_decay": 0.5,      # AdamW's, on matrices only (not norms or biases). Strong
-                                  # because the defaults train tiny models from scratch on a
-                                  # few thousand records for ~100 epochs: at 0.01 the suite's
-                                  # BPE cells overfit (bd3lm `transform` 83.5% -> 93.5% at 0.5);
-                                  # fine-tuning a pretrained model usually wants 0.0-0.1
+        "weight_decay": None,     # AdamW's, on matrices only (not norms or biases); None =
+                                  # the regime's default (dlmkit.train.regime)
         "betas": [0.9, 0.98],
         "max_grad_norm": 1.0,
         "ema_decay": None,        # > 0: validation, best/, last/ and final/ use an exponential
@@ -332,8 +332,13 @@ def validate(config: dict) -> dict:
          f"got {t['warmup_steps']!r}")
     need(number(t["min_lr_ratio"]) and 0 <= t["min_lr_ratio"] <= 1,
          f"train.min_lr_ratio must be a number in [0, 1], got {t['min_lr_ratio']!r}")
-    need(number(t["weight_decay"]) and t["weight_decay"] >= 0,
-         f"train.weight_decay must be a number >= 0, got {t['weight_decay']!r}")
+    need(t["weight_decay"] is None or (number(t["weight_decay"]) and t["weight_decay"] >= 0),
+         f"train.weight_decay must be a number >= 0 or null (the regime's default), "
+         f"got {t['weight_decay']!r}")
+    from .regime import REGIMES
+
+    need(t["regime"] in REGIMES,
+         f"train.regime must be one of {', '.join(REGIMES)}, got {t['regime']!r}")
     need(isinstance(t["betas"], (list, tuple)) and len(t["betas"]) == 2
          and all(number(b) and 0 <= b < 1 for b in t["betas"]),
          f"train.betas must be two numbers in [0, 1), got {t['betas']!r}")

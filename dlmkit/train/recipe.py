@@ -53,6 +53,7 @@ from .precision import (
 )
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress
+from .regime import resolve_regime
 from .resume import ResumePlan, plan_resume
 from .rundir import check_new_run_dir, check_writable, create_run_dir
 from .truncation import apply_length_cap
@@ -434,17 +435,16 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
-    Every input error surfaces here, before any training step. ``train.lr: null`` and the
-    budget (``train.epochs``, or neither it nor ``train.steps`` set) are resolved in ``config``
-    to the strategy's ``default_lr``, a step count (:func:`.budget.resolve_budget`) and a
-    warmup (:func:`.budget.resolve_warmup`) and ``train.ema_decay: null`` to the strategy's
-    ``default_ema_decay`` (:func:`resolve_ema`), so the schedule is complete and the run's
+    Every input error surfaces here, before any training step. The unset ``train`` keys are
+    resolved in ``config``: the regime and its learning rate, weight decay (and, fine-tuning,
+    weight average and epochs) (:func:`.regime.resolve_regime`), a step count
+    (:func:`.budget.resolve_budget`), a warmup (:func:`.budget.resolve_warmup`), the family's
+    ``default_ema_decay`` (:func:`resolve_ema`) and ``model.dtype``
+    (:func:`.precision.resolve_storage_dtype`), so the schedule is complete and the run's
     config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
-    if t["lr"] is None:
-        t["lr"] = strategy_cls.default_lr
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
@@ -454,6 +454,10 @@ def build_components(config: dict, world: World) -> Components:
     config["strategy"] = {"name": strategy.name, **strategy.config}
     # The model too: ``model.name: null`` means the family's default preset, which may change.
     config["model"]["name"] = config["model"]["name"] or strategy.default_model
+    try:
+        regime_line = resolve_regime(config, strategy)  # lr, weight decay, ... of the regime
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if d["split_tokens"] and not len(piece_splits(tokenizer)):
         raise ConfigError(f"data.split_tokens={d['split_tokens']} would do nothing: no piece of "
                           f"tokenizer {d['tokenizer']!r} is two others written together (the "
@@ -467,7 +471,8 @@ def build_components(config: dict, world: World) -> Components:
                               trained_row_length(config, strategy, train_set,
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
-    budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
+    budget_report = tuple(line for line in (regime_line,
+                                            resolve_budget(config, len(train_set), strategy),
                                             resolve_warmup(config, strategy),
                                             resolve_ema(config, strategy),
                                             resolve_storage_dtype(config)) if line)
