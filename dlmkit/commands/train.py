@@ -74,8 +74,9 @@ def print_config(config: dict) -> None:
         defaults = strategies.get(name).options
         listed = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "(no options)"
         lines.append(f"#   {name}: {listed}")
-    lines += ["", "# Every strategy's training defaults (what an unset train.<key> resolves to;",
-              "# the run's config.yaml records the value used):"]
+    lines += ["", "# Every strategy's training defaults, from scratch (model.name a preset) and",
+              "# fine-tuning (a model directory with weights): what an unset train.<key> resolves",
+              "# to (dlmkit.train.regime; the run's config.yaml records the value used):"]
     lines += [f"#   {name}: {training_defaults(strategies.get(name))}"
               for name in strategies.names()]
     print("\n".join(lines))
@@ -88,8 +89,12 @@ def training_defaults(cls) -> str:
 
     warmup = (cls.default_warmup_steps if cls.default_warmup_steps is not None
               else f"{WARMUP_FRACTION:.0%} of steps")
-    return (f"lr={cls.default_lr:g}, steps={cls.default_steps}, warmup_steps={warmup}, "
-            f"ema_decay={cls.default_ema_decay:g}")
+    f = cls.finetune_defaults
+    return (f"from scratch lr={cls.default_lr:g}, weight_decay={cls.default_weight_decay:g}, "
+            f"steps={cls.default_steps}, warmup_steps={warmup}, "
+            f"ema_decay={cls.default_ema_decay:g}; fine-tuning lr={f['lr']:g}, "
+            f"weight_decay={f['weight_decay']:g}, epochs={f['epochs']:g}, "
+            f"warmup_steps={f['warmup_fraction']:.0%} of steps, ema_decay={f['ema_decay']:g}")
 
 
 def _interrupted_message(err, args) -> str:

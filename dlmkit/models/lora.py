@@ -157,14 +157,17 @@ def merge_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 def save_lora_export(directory: str | os.PathLike, fresh: torch.nn.Module,
                      state: Mapping[str, torch.Tensor], options: Mapping,
-                     base: str | os.PathLike | None = None) -> None:
+                     base: str | os.PathLike | None = None,
+                     dtype: torch.dtype = torch.float32) -> None:
     """Write ``RUN/final`` from the trained full ``state`` loaded into ``fresh``: a model
-    built like the trained one (same architecture, LoRA injected by :func:`apply_lora`)."""
+    built like the trained one (same architecture, LoRA injected by :func:`apply_lora`).
+    A merged export is merged in the trained precision, then written in ``dtype``; an adapter
+    keeps its trained (master) dtype."""
     options = lora_options(dict(options))
     fresh.load_state_dict(dict(state))
     directory = Path(directory)
     if options["export"] == "merged":
-        merge_lora(fresh).save_pretrained(directory)
+        merge_lora(fresh.float()).to(dtype).save_pretrained(directory)
         return
     from safetensors.torch import save_file
 

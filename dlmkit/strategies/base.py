@@ -68,6 +68,13 @@ class Strategy:
     # The weight average (dlmkit.train.ema) used when ``train.ema_decay`` is not set (0.0 =
     # none).
     default_ema_decay: float = 0.0
+    # AdamW's weight decay on matrices when ``train.weight_decay`` is not set, from scratch
+    # (docs/suite.md: the suite's small training sets overfit at 0.01).
+    default_weight_decay: float = 0.5
+    # What an unset train key becomes when fine-tuning a pretrained checkpoint
+    # (dlmkit.train.regime; where each value comes from: docs/finetuning.md).
+    finetune_defaults: dict = {"lr": 1.0e-5, "weight_decay": 0.0, "warmup_fraction": 0.03,
+                               "ema_decay": 0.0, "epochs": 3}
     # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
     # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
     # ELBOs), or None when the family cannot answer them.

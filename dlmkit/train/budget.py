@@ -49,7 +49,11 @@ def resolve_warmup(config: dict, strategy) -> str | None:
     config file's warmup is legitimate), else None."""
     t = config["train"]
     if t["warmup_steps"] is None:
-        if strategy.default_warmup_steps is not None:
+        if t.get("regime") == "finetune":
+            fraction = strategy.finetune_defaults["warmup_fraction"]
+            t["warmup_steps"] = round(fraction * t["steps"])
+            why = f"fine-tuning: {fraction:.0%} of the {t['steps']} steps"
+        elif strategy.default_warmup_steps is not None:
             t["warmup_steps"] = min(strategy.default_warmup_steps, t["steps"])
             why = f"the {strategy.name} default"
         else:

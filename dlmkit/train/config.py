@@ -49,7 +49,9 @@ DEFAULTS: dict = {
         "name": None,             # preset name or local model directory (None = the
                                   # strategy's own preset: tiny-llama for the causal-LM families)
         "attention": "auto",      # auto | sdpa | flex_attention | eager
-        "dtype": "float32",
+        "dtype": None,            # float32 | bfloat16: frozen weights (LoRA's base) and the
+                                  # export; null = the checkpoint's own (float32 for a preset).
+                                  # Trained weights are train.master_dtype (dlmkit.train.precision)
         "config": {},             # preset overrides (e.g. num_hidden_layers)
         "gradient_checkpointing": False,  # recompute layer activations in the backward
         "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
@@ -65,6 +67,14 @@ DEFAULTS: dict = {
         # each strategy and the README's tables. Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
+        # auto: fine-tune when model.name is a model directory with weights, else train from
+        # scratch; each regime fills the unset keys its own way (dlmkit.train.regime)
+        "regime": "auto",
+        # With validation data, stop after this many validations in a row that do not lower
+        # the best validation loss by min_delta (nats/token); steps/epochs are then the most
+        # the run trains (dlmkit.train.early_stopping). 0 = train the whole budget.
+        "early_stopping_patience": 5,
+        "early_stopping_min_delta": 0.001,
         "epochs": None,           # passes over the training records; when set it decides the
                                   # step count instead of steps (see dlmkit.train.budget)
         "global_batch_size": 64,
@@ -76,11 +86,8 @@ DEFAULTS: dict = {
                                   # default_warmup_steps (dlmkit.train.budget: 20 steps
                                   # collapsed attention at lr 3e-3 on the suite's `arith`);
                                   # written into config.yaml
-        "weight_decay": 0.5,      # AdamW's, on matrices only (not norms or biases). Strong
-                                  # because the defaults train tiny models from scratch on a
-                                  # few thousand records for ~100 epochs: at 0.01 the suite's
-                                  # BPE cells overfit (bd3lm `transform` 83.5% -> 93.5% at 0.5);
-                                  # fine-tuning a pretrained model usually wants 0.0-0.1
+        "weight_decay": None,     # AdamW's, on matrices only (not norms or biases); None =
+                                  # the regime's default (dlmkit.train.regime)
         "betas": [0.9, 0.98],
         "max_grad_norm": 1.0,
         "ema_decay": None,        # > 0: validation, best/, last/ and final/ use an exponential
@@ -88,7 +95,10 @@ DEFAULTS: dict = {
                                   # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
                                   # 0 = none; None = the strategy's default_ema_decay,
                                   # written into config.yaml
-        "autocast": "auto",       # auto (bf16 on CUDA, off on CPU) | bf16 | none
+        "autocast": "auto",       # auto (bf16 on CUDA or with model.dtype bfloat16, else
+                                  # off) | bf16 | none: the compute dtype of every forward
+        "master_dtype": "float32",  # trainable weights, optimizer state; bfloat16 = pure-bf16
+                                    # opt-in that loses small updates (warned)
         "loss_chunk_size": None,
         "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)
         "device": "auto",
@@ -169,7 +179,8 @@ def _yaml(text: str, path: str = ""):
 # Keys a resumed run may change: they do not alter what is trained (train.steps extends or
 # shortens the schedule's horizon; the rest is bookkeeping). Any other difference between a
 # resume's config and its checkpoint's is an error (see dlmkit.train.resume).
-RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.log_every", "train.val_every",
+RESUMABLE_KEYS = ("train.steps", "train.epochs", "train.early_stopping_patience",
+                  "train.early_stopping_min_delta", "train.log_every", "train.val_every",
                   "train.save_every", "train.threads", "train.progress", "train.tensorboard",
                   "train.device", "output_dir")
 
@@ -424,6 +435,14 @@ def validate(config: dict) -> dict:
     need(t["steps"] is None or positive_int(t["steps"]),
          f"train.steps must be a positive int, got {t['steps']!r} (or null: the strategy's "
          "default_steps, or train.epochs when set)")
+    need(isinstance(t["early_stopping_patience"], int)
+         and not isinstance(t["early_stopping_patience"], bool)
+         and t["early_stopping_patience"] >= 0,
+         f"train.early_stopping_patience must be an int >= 0 (0 = off), got "
+         f"{t['early_stopping_patience']!r}")
+    need(number(t["early_stopping_min_delta"]) and t["early_stopping_min_delta"] >= 0,
+         f"train.early_stopping_min_delta must be a number >= 0, got "
+         f"{t['early_stopping_min_delta']!r}")
     need(t["epochs"] is None or (number(t["epochs"]) and t["epochs"] > 0),
          f"train.epochs must be a number > 0 or null, got {t['epochs']!r}")
     for key in ("global_batch_size", "log_every", "val_every",
@@ -438,8 +457,13 @@ def validate(config: dict) -> dict:
          f"got {t['warmup_steps']!r}")
     need(number(t["min_lr_ratio"]) and 0 <= t["min_lr_ratio"] <= 1,
          f"train.min_lr_ratio must be a number in [0, 1], got {t['min_lr_ratio']!r}")
-    need(number(t["weight_decay"]) and t["weight_decay"] >= 0,
-         f"train.weight_decay must be a number >= 0, got {t['weight_decay']!r}")
+    need(t["weight_decay"] is None or (number(t["weight_decay"]) and t["weight_decay"] >= 0),
+         f"train.weight_decay must be a number >= 0 or null (the regime's default), "
+         f"got {t['weight_decay']!r}")
+    from .regime import REGIMES
+
+    need(t["regime"] in REGIMES,
+         f"train.regime must be one of {', '.join(REGIMES)}, got {t['regime']!r}")
     need(isinstance(t["betas"], (list, tuple)) and len(t["betas"]) == 2
          and all(number(b) and 0 <= b < 1 for b in t["betas"]),
          f"train.betas must be two numbers in [0, 1), got {t['betas']!r}")
@@ -488,8 +512,11 @@ def validate(config: dict) -> dict:
     need(d["truncation"] in TRUNCATION_POLICIES,
          f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, "
          f"got {d['truncation']!r}")
-    need(m["dtype"] in ("float32", "bfloat16"),
-         f"model.dtype must be float32 or bfloat16, got {m['dtype']!r}")
+    need(m["dtype"] is None or m["dtype"] in ("float32", "bfloat16"),
+         f"model.dtype must be float32, bfloat16 or null (the checkpoint's own), "
+         f"got {m['dtype']!r}")
+    need(t["master_dtype"] in ("float32", "bfloat16"),
+         f"train.master_dtype must be float32 or bfloat16, got {t['master_dtype']!r}")
     need(isinstance(m["gradient_checkpointing"], bool),
          f"model.gradient_checkpointing must be true or false, got {m['gradient_checkpointing']!r}")
     if m["lora"] is not None:

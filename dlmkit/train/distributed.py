@@ -104,16 +104,19 @@ def shard_units(model) -> list[list]:
     return groups
 
 
-def wrap_model(model, world: World, kind: str):
-    """DDP or FSDP2 (``fully_shard``) when distributed; the model itself otherwise."""
+def wrap_model(model, world: World, kind: str, mp_policy=None):
+    """DDP or FSDP2 (``fully_shard``) when distributed; the model itself otherwise.
+    ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` (:func:`.precision.fsdp_policy`); DDP
+    computes in bf16 through autocast alone."""
     if not world.distributed:
         return model
     if kind == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = mp_policy or MixedPrecisionPolicy()
         for group in shard_units(model):
-            fully_shard(group if len(group) > 1 else group[0])
-        fully_shard(model)
+            fully_shard(group if len(group) > 1 else group[0], mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -40,10 +40,22 @@ from .budget import resolve_budget, resolve_warmup
 from .checkpoint import load_checkpoint, newest_complete_checkpoint, save_checkpoint
 from .config import ConfigError, dump_yaml
 from .distributed import World, all_reduce_sum, barrier, init_world, shutdown, wrap_model
+from .early_stopping import EarlyStopping
 from .ema import WeightAverage
 from .metrics import MetricsLog, plot_loss_curve
+from .precision import autocast as precision_autocast
+from .precision import (
+    export_state,
+    fsdp_policy,
+    place_parameters,
+    record_export_dtype,
+    resolve_precision,
+    resolve_storage_dtype,
+    warn_pure_bf16,
+)
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress, data_summary
+from .regime import resolve_regime
 from .resume import ResumePlan, data_fingerprints, plan_resume, record_data_files
 from .rundir import check_new_run_dir, check_writable, create_run_dir, lock_run_dir
 from .truncation import apply_length_cap
@@ -129,12 +141,8 @@ def lr_at(step: int, config: dict) -> float:
 
 
 def autocast_context(config: dict, device: torch.device):
-    mode = config["train"]["autocast"]
-    if mode == "auto":
-        mode = "bf16" if device.type == "cuda" else "none"
-    if mode == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    """The compute dtype of every training and validation forward (see :mod:`.precision`)."""
+    return precision_autocast(resolve_precision(config, device), device)
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -310,15 +318,19 @@ def export_final(run_dir: Path, model, tokenizer, config: dict, strategy, world:
     if world.is_main:
         inner = getattr(model, "module", model)
         lora = config["model"]["lora"]
+        dtype = getattr(torch, config["model"]["dtype"] or "float32")
         if lora:  # merged weights or the adapter alone, from a fresh copy of the model
             from dlmkit.models.lora import save_lora_export
 
             fresh = build_trained_model(config, strategy, tokenizer.vocab_size,
                                         inner.config._attn_implementation, "cpu")
             save_lora_export(final, fresh, inner.state_dict() if state is None else state,
-                             lora, base=config["model"]["name"])
+                             lora, base=config["model"]["name"], dtype=dtype)
         else:
+            if dtype != inner.dtype:  # fp32 masters written as the source's (or asked) dtype
+                state = export_state(inner.state_dict() if state is None else state, dtype)
             inner.save_pretrained(final, state_dict=state)
+            record_export_dtype(final, dtype)
         tokenizer.save_pretrained(final)
         write_token_ids(final, tokenizer)  # plain transformers generate() stops at a turn's end
         (final / "dlmkit.json").write_text(json.dumps({
@@ -441,30 +453,32 @@ def build_trained_model(config: dict, strategy, vocab_size: int, attention: str,
     from dlmkit.models.lora import apply_lora
 
     m = config["model"]
+    precision = resolve_precision(config, torch.device(device))
+    # Built in the master dtype (a bf16 checkpoint loads exactly into fp32); the frozen parts
+    # go to the storage dtype once LoRA has said which they are.
     model = strategy.build_model(m["name"], vocab_size=vocab_size, attention=attention,
-                                 dtype=getattr(torch, m["dtype"]),
+                                 dtype=precision.master,
                                  overrides=m["config"]).to(device)
     if m["gradient_checkpointing"]:
         enable_gradient_checkpointing(model)
     if m["lora"]:
         apply_lora(model, m["lora"], base=m["name"])
-    return model
+    return place_parameters(model, precision)
 
 
 def build_components(config: dict, world: World) -> Components:
     """Tokenizer, strategy, data, model (wrapped for DDP/FSDP2), optimizer, schedule, sampler.
 
-    Every input error surfaces here, before any training step. ``train.lr: null`` and the
-    budget (``train.epochs``, or neither it nor ``train.steps`` set) are resolved in ``config``
-    to the strategy's ``default_lr``, a step count (:func:`.budget.resolve_budget`) and a
-    warmup (:func:`.budget.resolve_warmup`) and ``train.ema_decay: null`` to the strategy's
-    ``default_ema_decay`` (:func:`resolve_ema`), so the schedule is complete and the run's
+    Every input error surfaces here, before any training step. The unset ``train`` keys are
+    resolved in ``config``: the regime and its learning rate, weight decay (and, fine-tuning,
+    weight average and epochs) (:func:`.regime.resolve_regime`), a step count
+    (:func:`.budget.resolve_budget`), a warmup (:func:`.budget.resolve_warmup`), the family's
+    ``default_ema_decay`` (:func:`resolve_ema`) and ``model.dtype``
+    (:func:`.precision.resolve_storage_dtype`), so the schedule is complete and the run's
     config.yaml records them."""
     t, d = config["train"], config["data"]
     strategy_options = {k: v for k, v in config["strategy"].items() if k != "name"}
     strategy_cls = strategies.get(config["strategy"]["name"])
-    if t["lr"] is None:
-        t["lr"] = strategy_cls.default_lr
     tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size,
@@ -474,6 +488,10 @@ def build_components(config: dict, world: World) -> Components:
     config["strategy"] = {"name": strategy.name, **strategy.config}
     # The model too: ``model.name: null`` means the family's default preset, which may change.
     config["model"]["name"] = config["model"]["name"] or strategy.default_model
+    try:
+        regime_line = resolve_regime(config, strategy)  # lr, weight decay, ... of the regime
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if d["split_tokens"] and not len(piece_splits(tokenizer)):
         raise ConfigError(f"data.split_tokens={d['split_tokens']} would do nothing: no piece of "
                           f"tokenizer {d['tokenizer']!r} is two others written together (the "
@@ -487,9 +505,13 @@ def build_components(config: dict, world: World) -> Components:
                               trained_row_length(config, strategy, train_set,
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
-    budget_report = tuple(line for line in (resolve_budget(config, len(train_set), strategy),
+    budget_report = tuple(line for line in (regime_line,
+                                            resolve_budget(config, len(train_set), strategy),
                                             resolve_warmup(config, strategy),
-                                            resolve_ema(config, strategy)) if line)
+                                            resolve_ema(config, strategy),
+                                            resolve_storage_dtype(config)) if line)
+    warn_pure_bf16(config)
+    budget_report += (resolve_precision(config, world.device).describe(),)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
@@ -499,7 +521,8 @@ def build_components(config: dict, world: World) -> Components:
     for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
             strategy.check_dataset(dataset, collator.max_seq_len)
-    model = wrap_model(model, world, t["distributed"])
+    model = wrap_model(model, world, t["distributed"],
+                       mp_policy=fsdp_policy(resolve_precision(config, world.device)))
     # Frozen weights (LoRA's base) get no optimizer state.
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.dim() >= 2]
@@ -602,6 +625,11 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     metrics = status.metrics = MetricsLog(
         run_dir / "metrics.jsonl", world.is_main, resume_step=start,
         tensorboard=run_dir / "tensorboard" if t["tensorboard"] else None)
+    barrier(world)  # every rank replays the validation losses rank 0 kept
+    stopper = EarlyStopping(t["early_stopping_patience"], t["early_stopping_min_delta"]) \
+        .replay(metrics.path, start) if val_set is not None else None
+    if stopper is not None and stopper.exhausted:
+        messages.message(f"resume: {stopper.reason()}")
     best = BestModel(run_dir, enabled=val_set is not None and t["final_model"] == "best",
                      is_main=world.is_main)
     if not sys.stderr.isatty():  # transformers' shard-writing bar (exports of best/, final/):
@@ -620,7 +648,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
                         initial=start, desc=f"train {strategy.name}")
     status.step = start
     window_tokens, window_start = 0, time.perf_counter()
-    for step in range(start, t["steps"]):
+    last = start
+    for step in range(start, t["steps"] if not (stopper and stopper.exhausted) else start):
         stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
                            sampler, config, world)
         if ema is not None:
@@ -642,13 +671,20 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
             metrics.write({"split": "validation", "step": done, "loss": val_loss})
             progress.message(f"step {done}: validation loss {val_loss:.4f}")
             best.offer(done, val_loss, export)
+            stopped = stopper is not None and stopper.observe(done, val_loss)
+        else:
+            stopped = False
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
-        if done % t["save_every"] == 0 or done == t["steps"]:
+        if done % t["save_every"] == 0 or done == t["steps"] or stopped:
             save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config,
                             ema=ema)
         progress.advance()
+        last = done
+        if stopped:
+            progress.message(f"step {done}: {stopper.reason()}")
+            break
     progress.close()
-    final = best.finish(t["steps"], export)  # RUN/final = the best by validation loss
+    final = best.finish(last, export)  # RUN/final = the best by validation loss
     if world.is_main:
         plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss.png")
         print(f"run directory: {run_dir}\nfinal model: {final}")

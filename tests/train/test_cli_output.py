@@ -147,9 +147,13 @@ def test_print_config_lists_every_strategy_and_checks_options(capsys):
     defaults = out.split("# Every strategy's training defaults", 1)[1]
     for name in strategies.names():
         cls = strategies.get(name)
-        assert f"#   {name}: lr={cls.default_lr:g}, steps={cls.default_steps}, " in defaults
-    assert "#   scdd: lr=0.001, steps=10000, warmup_steps=10% of steps, ema_decay=0.999" in out
-    assert "#   block_diffusion: lr=0.0015, steps=6000, warmup_steps=20, ema_decay=0.999" in out
+        assert (f"#   {name}: from scratch lr={cls.default_lr:g}, weight_decay=0.5, "
+                f"steps={cls.default_steps}, ") in defaults
+    assert ("#   scdd: from scratch lr=0.001, weight_decay=0.5, steps=10000, warmup_steps=10% "
+            "of steps, ema_decay=0.999; fine-tuning lr=1e-05, weight_decay=0, epochs=3, "
+            "warmup_steps=3% of steps, ema_decay=0") in out
+    assert ("#   block_diffusion: from scratch lr=0.0015, weight_decay=0.5, steps=6000, "
+            "warmup_steps=20, ema_decay=0.999; fine-tuning") in out
     with pytest.raises(SystemExit, match=r"unknown option\(s\) \['blok_size'\]"):
         main(["train", "--print-config", "--set", "strategy.blok_size=8"])
 

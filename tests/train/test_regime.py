@@ -1,0 +1,82 @@
+"""Two regimes (dlmkit.train.regime): a preset trains from scratch with its family's measured
+defaults; a model directory with weights is fine-tuned with the fine-tuning defaults; a
+directory without weights is an error. The defaults are printed and recorded."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dlmkit import strategies
+from dlmkit.train import ConfigError, load_config
+from dlmkit.train.distributed import World
+from dlmkit.train.recipe import build_components
+from dlmkit.train.regime import detect_regime
+
+from .helpers import overrides, tiny_target
+
+CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def config(*extra: str, strategy: str = "bd3lm") -> dict:
+    items = [o for o in overrides(*extra, strategy=strategy)
+             if not (o.startswith("model.config=") and any("model.name=" in e for e in extra))]
+    return load_config(None, items)
+
+
+def test_the_regime_is_read_from_model_name(tmp_path):
+    assert detect_regime("tiny-llama") == "scratch"
+    assert detect_regime(str(tiny_target())) == "finetune"
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="directory without weights .* it has "
+                                         r"\['config.json'\]"):
+        detect_regime(str(tmp_path))
+
+
+def test_a_preset_gets_its_family_s_from_scratch_defaults():
+    cfg = config()
+    c = build_components(cfg, CPU)
+    bd3lm = strategies.get("bd3lm")
+    t = cfg["train"]
+    assert (t["regime"], t["lr"], t["weight_decay"], t["ema_decay"]) == (
+        "scratch", bd3lm.default_lr, 0.5, bd3lm.default_ema_decay)
+    assert c.optimizer.param_groups[0]["weight_decay"] == 0.5
+    assert c.budget_report[0].startswith("train.regime=scratch: model.name 'tiny-llama' is a "
+                                         "preset")
+    assert "lr=0.001, weight_decay=0.5" in c.budget_report[0]
+
+
+def test_a_checkpoint_gets_the_fine_tuning_defaults():
+    cfg = config(f"model.name={tiny_target()}", "train.warmup_steps=null")
+    c = build_components(cfg, CPU)
+    f = strategies.get("bd3lm").finetune_defaults
+    t = cfg["train"]
+    steps = math.ceil(f["epochs"] * len(c.train_set) / t["global_batch_size"])
+    assert (t["regime"], t["lr"], t["weight_decay"], t["ema_decay"], t["steps"]) == (
+        "finetune", f["lr"], f["weight_decay"], f["ema_decay"], steps)
+    assert t["warmup_steps"] == round(f["warmup_fraction"] * steps)
+    assert c.optimizer.param_groups[0]["lr"] == pytest.approx(f["lr"] / t["warmup_steps"])
+    assert "a pretrained checkpoint, fine-tuned" in c.budget_report[0]
+    assert "epochs=3" in c.budget_report[0]
+
+
+def test_what_the_user_sets_wins_and_the_regime_can_be_forced():
+    cfg = config(f"model.name={tiny_target()}", "train.lr=3e-4", "train.steps=7")
+    build_components(cfg, CPU)
+    assert (cfg["train"]["lr"], cfg["train"]["steps"], cfg["train"]["weight_decay"]) == (
+        3e-4, 7, 0.0)
+    forced = config(f"model.name={tiny_target()}", "train.regime=scratch")
+    c = build_components(forced, CPU)
+    assert forced["train"]["weight_decay"] == 0.5
+    assert "train.regime=scratch overrides it" in c.budget_report[0]
+    with pytest.raises(ConfigError, match="train.regime must be one of auto, scratch, "
+                                          "finetune, got 'pretrained'"):
+        config("train.regime=pretrained")
+
+
+def test_a_directory_without_weights_is_named_before_anything_is_built(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="is a directory without weights"):
+        build_components(config(f"model.name={tmp_path}"), CPU)
