@@ -157,19 +157,20 @@ class LoadedModel:
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu",
-         attention: str = "sdpa") -> LoadedModel:
-    """Load ``RUN/final`` (model, tokenizer and ``dlmkit.json``), with clear errors."""
+         attention: str = "sdpa", what: str = "--model") -> LoadedModel:
+    """Load ``RUN/final`` (model, tokenizer and ``dlmkit.json``), with clear errors that name
+    ``path`` as ``what``, the option the user passed it with."""
     from dlmkit.data import load_tokenizer
     from dlmkit.models import check_model_directory, load_exported
 
-    path = check_model_directory(path, "--model")  # a run directory, a checkpoint: what to pass
+    path = check_model_directory(path, what)  # a run directory, a checkpoint: what to pass
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise ValueError(f"--model {path}: no tokenizer in the model directory (expected one of "
+        raise ValueError(f"{what} {path}: no tokenizer in the model directory (expected one of "
                          f"{', '.join(TOKENIZER_FILES)}; the recipe saves it next to the model)")
     try:
         tokenizer = load_tokenizer(str(path))
     except (FileNotFoundError, OSError, ValueError) as err:
-        raise ValueError(f"--model {path}: no usable tokenizer in the model directory ({err})"
+        raise ValueError(f"{what} {path}: no usable tokenizer in the model directory ({err})"
                          ) from None
     meta_file = path / META_FILE
     meta: dict = {}

@@ -72,7 +72,8 @@ class DlmkitLM(LM):
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"dlmkit model: device {device!r} but torch has no CUDA here; "
                              "pass --device cpu")
-        self.loaded = load(pretrained, device=device, attention=attention)
+        self.loaded = load(pretrained, device=device, attention=attention,
+                           what="--model_args pretrained")  # as the user passed it
         self.sampler, self.options = sampler, options
         self.config = self.loaded.config(sampler, **options)
         self.batch_size, self.mc_samples, self.chat = batch_size, mc_samples, chat
