@@ -99,6 +99,9 @@ def run(args) -> int:
         raise SystemExit("error: give --task or --data, not both")
     if args.last_turn and not args.data:
         raise SystemExit("error: --last-turn applies to --data files only")
+    if args.field and not args.data:
+        raise SystemExit(f"error: --field {args.field[0]} names a field of --data files; a "
+                         "bundled task has its own fields: drop --field or pass --data FILE")
     if args.data and args.split is not None:
         raise SystemExit(f"error: --split {args.split} picks a bundled task's split; the --data "
                          "files are the split to score: drop --split (or pass that split's file)")

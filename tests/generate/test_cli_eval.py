@@ -72,6 +72,10 @@ def test_n_and_split_with_data(exported, data, capsys):
     assert main(["eval", "--model", str(model), "-n", "2", "--max-new-tokens", "4",
                  "--no-progress"]) == 0  # the bundled task keeps its defaults (split test)
     assert "task: reverse  split: test  n: 2" in capsys.readouterr().out
+    # as --last-turn, --field belongs to --data (before: ignored without it)
+    with pytest.raises(SystemExit, match=r"--field prompt=question names a field of --data "
+                                         r"files; a bundled task has its own fields"):
+        main(["eval", "--model", str(model), "--field", "prompt=question"])
 
 
 def test_ctrl_c_says_what_was_done(exported, data, capsys, monkeypatch):
