@@ -17,32 +17,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlmkit.models.directory import check_model_directory
+
 REGIMES = ("auto", "scratch", "finetune")
-
-# The files a Hugging Face model directory keeps its weights in (one of them).
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors")
-
-
-def has_weights(directory: Path) -> bool:
-    return any((Path(directory) / name).is_file() for name in WEIGHT_FILES)
-
 
 def detect_regime(name: str) -> str:
     """``scratch`` for a preset, ``finetune`` for a model directory with weights.
 
     Raises:
-        ValueError: a directory without weights (the files it has are listed).
+        ValueError: a directory that is not a loadable model (no weights, a run directory,
+            a training checkpoint: :func:`~dlmkit.models.directory.check_model_directory`).
     """
-    path = Path(str(name))
-    if not path.is_dir():
+    if not Path(str(name)).is_dir():
         return "scratch"
-    if has_weights(path):
-        return "finetune"
-    have = sorted(p.name for p in path.iterdir())[:8]
-    raise ValueError(f"model.name={name!r} is a directory without weights (none of "
-                     f"{', '.join(WEIGHT_FILES)}; it has {have or 'nothing'}): point it at a "
-                     "model directory with its weights, such as a run's final/, or use a preset")
+    check_model_directory(name, "model.name")
+    return "finetune"
 
 
 def resolve_regime(config: dict, strategy) -> str:

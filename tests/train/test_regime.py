@@ -30,8 +30,8 @@ def test_the_regime_is_read_from_model_name(tmp_path):
     assert detect_regime("tiny-llama") == "scratch"
     assert detect_regime(str(tiny_target())) == "finetune"
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="directory without weights .* it has "
-                                         r"\['config.json'\]"):
+    with pytest.raises(ValueError, match="model.name .* has config.json but no model weights "
+                                         ".* it holds: config.json"):
         detect_regime(str(tmp_path))
 
 
@@ -78,5 +78,5 @@ def test_what_the_user_sets_wins_and_the_regime_can_be_forced():
 
 def test_a_directory_without_weights_is_named_before_anything_is_built(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match="is a directory without weights"):
+    with pytest.raises(ConfigError, match="has config.json but no model weights"):
         build_components(config(f"model.name={tmp_path}"), CPU)
