@@ -26,8 +26,9 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard hides the events a previous session wrote past the
-            # checkpoint we resume from, as metrics.jsonl drops them above.
-            self.board = SummaryWriter(str(tensorboard), purge_step=resume_step or None)
+            # checkpoint we resume from (steps > resume_step), as metrics.jsonl drops them.
+            self.board = SummaryWriter(str(tensorboard),
+                                       purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, record: dict) -> None:
         if self.enabled:

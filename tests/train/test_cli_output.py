@@ -223,16 +223,29 @@ def test_data_summary_and_a_batch_larger_than_the_data(tmp_path, capsys):
             "every step holds some records more than once") in out
 
 
-def test_tensorboard_gets_the_metrics(tmp_path):
+def test_tensorboard_gets_the_metrics_and_a_resume_replaces_the_steps_past_it(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from .helpers import copy_as_crashed_at
+
+    def scalars(run_dir, tag):
+        board = EventAccumulator(str(run_dir / "tensorboard"))
+        board.Reload()
+        return [(e.step, e.value) for e in board.Scalars(tag)], board.Tags()["scalars"]
+
     run_dir = tmp_path / "run"
-    main(cli_args(run_dir, "train.steps=3", "train.val_every=2", "train.tensorboard=true"))
-    board = EventAccumulator(str(run_dir / "tensorboard"))
-    board.Reload()
-    train = [(e.step, e.value) for e in board.Scalars("train/loss")]
-    assert [s for s, _ in train] == [1, 2, 3]
+    main(cli_args(run_dir, "train.steps=4", "train.val_every=2", "train.save_every=2",
+                  "train.tensorboard=true"))
+    train, tags = scalars(run_dir, "train/loss")
+    assert [s for s, _ in train] == [1, 2, 3, 4]
     assert [v for _, v in train] == pytest.approx(losses(run_dir), rel=1e-6)
-    assert [e.step for e in board.Scalars("validation/loss")] == [2, 3]
-    assert "train/lr" in board.Tags()["scalars"]
+    assert [s for s, _ in scalars(run_dir, "validation/loss")[0]] == [2, 4]
+    assert "train/lr" in tags and "train/grad_norm" in tags
+    # crashed after step 2 with the events of steps 3 and 4 written: they are replaced
+    crashed = tmp_path / "crashed"
+    copy_as_crashed_at(run_dir, crashed, 2)
+    main(["train", "--output-dir", str(crashed), "--resume", "--set", "train.steps=5"])
+    train, _ = scalars(crashed, "train/loss")
+    assert [s for s, _ in train] == [1, 2, 3, 4, 5]
+    assert [v for _, v in train] == pytest.approx(losses(crashed), rel=1e-6)
