@@ -5,7 +5,8 @@
     python tests/suite/run.py FAMILY TASK ... --resume      # continue a stopped run, same args
     python tests/suite/run.py FAMILY TASK --score-only RUN [--decode k=v ...]
 
-Only the data files (and the tokenizer) are set, as a new user would; ``--set`` adds config
+Only the data files (and the tokenizer) are set, as a new user would, and early stopping is
+off (each cell trains its family's whole budget, as measured); ``--set`` adds config
 overrides (for controls), ``--decode`` sampler options for scoring (e.g. ``block_size=1``).
 Prints one JSON line: family, task, tokenizer, steps, the last and best validation loss, exact
 match of ``final/`` on the test split (last assistant turn, every earlier turn given as
@@ -101,6 +102,9 @@ def main(argv: list[str]) -> int:
         f"data.train_files=[{data / 'train.jsonl'}]",
         f"data.validation_files=[{data / 'validation.jsonl'}]",
         f"data.tokenizer={tokenizer}", f"output_dir={out}", "train.progress=false",
+        # The cells were measured over each family's whole budget; early stopping (on by
+        # default) would end some sooner (docs/finetuning.md). --set can turn it back on.
+        "train.early_stopping_patience=0",
         *args.overrides]
     config = load_config(None, overrides)
     resumed_at = None
