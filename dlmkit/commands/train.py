@@ -17,7 +17,10 @@ EPILOG = """examples:
       --set train.distributed=fsdp2
 
 run directory: config.yaml, metrics.jsonl, loss.png, checkpoints/step_N (+ latest), final/ (a
-Hugging Face model directory with tokenizer and dlmkit.json)."""
+Hugging Face model directory with tokenizer and dlmkit.json), data_files.json (size and sha256
+of each data file, checked by --resume), tensorboard/ (with train.tensorboard=true). A running
+training holds the directory (its .lock): a second one into it is an error. SIGTERM stops a
+run like Ctrl-C (exit code 143) and prints the command that resumes it."""
 
 
 def add_parser(subparsers) -> None:
@@ -38,7 +41,7 @@ def add_parser(subparsers) -> None:
                           help="continue the run in --output-dir from its newest complete "
                                "checkpoint, with the config it was trained with; --set may "
                                "change only train.steps (to extend it), the log/validation/"
-                               "save intervals, threads, progress and device")
+                               "save intervals, threads, progress, tensorboard and device")
     existing.add_argument("--overwrite", action="store_true",
                           help="replace an existing run in --output-dir (deletes it first); "
                                "without it a non-empty --output-dir is an error")
