@@ -19,8 +19,9 @@ EPILOG = """examples:
 run directory: config.yaml, metrics.jsonl, loss.png, checkpoints/step_N (+ latest), final/ (a
 Hugging Face model directory with tokenizer and dlmkit.json), data_files.json (size and sha256
 of each data file, checked by --resume), tensorboard/ (with train.tensorboard=true). A running
-training holds the directory (its .lock): a second one into it is an error. SIGTERM stops a
-run like Ctrl-C (exit code 143) and prints the command that resumes it."""
+training holds the directory (its .lock): a second one into it is an error. Ctrl-C or SIGTERM
+(a scheduler's preemption) finishes the step in progress, saves a checkpoint of it and prints the
+command that resumes it (exit code 130 / 143); a second one stops at once."""
 
 
 def add_parser(subparsers) -> None:

@@ -370,9 +370,38 @@ class _Terminated(KeyboardInterrupt):
     signal = signal.SIGTERM
 
 
-def _raise_terminated(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up
-    raise _Terminated()
+class _StopRequest:
+    """SIGINT / SIGTERM during a run. Before the step loop (building data and model: nothing to
+    save) it raises at once; inside it the first signal only asks the loop to stop after the
+    step in progress, which saves a checkpoint there (:func:`_stop_if_asked`); a second
+    signal raises at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.deferred = False  # set while the step loop runs
+
+    def handler(self, signum, frame) -> None:
+        if self.deferred and self.signum is None:
+            self.signum = signum
+            name = signal.Signals(signum).name
+            print(f"\n{name}: stopping after the step in progress (a checkpoint is saved "
+                  f"there); {name} again stops at once", file=sys.stderr, flush=True)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the clean-up
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _stop_asked(stop: _StopRequest | None, world: World) -> int:
+    """After a step: the signal any rank received (0: none), the same on every rank (one
+    all-reduce), so that all of them save that step and unwind together."""
+    asked = stop.signum if stop is not None and stop.signum is not None else 0
+    if world.distributed:  # the highest signal number wins: SIGTERM (15) over SIGINT (2)
+        import torch.distributed as dist
+
+        flag = torch.tensor([asked], device=world.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        asked = int(flag.item())
+    return asked
 
 
 @dataclass
@@ -383,6 +412,7 @@ class _Status:
     step: int | None = None
     lock: object | None = None     # the run directory's RunLock, released by run()
     metrics: MetricsLog | None = None
+    stop: _StopRequest | None = None  # a SIGINT / SIGTERM the step loop has yet to act on
 
 
 def run(config: dict, *, resume: bool = False, overwrite: bool = False,
@@ -400,10 +430,12 @@ def run(config: dict, *, resume: bool = False, overwrite: bool = False,
         config = plan.config
     check_device(config["train"]["device"])  # before torch.cuda is touched
     world = init_world(config["train"]["device"])
-    status = _Status()
-    # SIGTERM ends a run like Ctrl-C (only the main thread may set a handler).
+    status = _Status(stop=_StopRequest())
+    # SIGTERM ends a run like Ctrl-C: inside the step loop after the step in progress, with a
+    # checkpoint there (only the main thread may set a handler).
     on_term = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_term else None
+    previous = {sig: signal.signal(sig, status.stop.handler)
+                for sig in (signal.SIGTERM, signal.SIGINT)} if on_term else {}
     try:
         run_dir = _run(config, world, plan, overwrite, status)
     except KeyboardInterrupt as err:
@@ -422,8 +454,8 @@ def run(config: dict, *, resume: bool = False, overwrite: bool = False,
             status.metrics.close()
         if status.lock is not None:
             status.lock.release()
-        if on_term:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     shutdown(world)
     return run_dir
 
@@ -649,6 +681,8 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
     status.step = start
     window_tokens, window_start = 0, time.perf_counter()
     last = start
+    if status.stop is not None:
+        status.stop.deferred = True
     for step in range(start, t["steps"] if not (stopper and stopper.exhausted) else start):
         stats = train_step(step, model, optimizer, scheduler, strategy, train_set, collator,
                            sampler, config, world)
@@ -675,14 +709,23 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         else:
             stopped = False
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
-        if done % t["save_every"] == 0 or done == t["steps"] or stopped:
+        saved = done % t["save_every"] == 0 or done == t["steps"] or stopped
+        if saved:
             save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config,
                             ema=ema)
         progress.advance()
+        asked = _stop_asked(status.stop, world)
+        if asked:
+            if not saved:
+                save_checkpoint(run_dir, done, model, optimizer, scheduler, world,
+                                config=config, ema=ema)
+            raise _Terminated() if asked == signal.SIGTERM else KeyboardInterrupt()
         last = done
         if stopped:
             progress.message(f"step {done}: {stopper.reason()}")
             break
+    if status.stop is not None:
+        status.stop.deferred = False  # the exports below: a signal stops them at once
     progress.close()
     final = best.finish(last, export)  # RUN/final = the best by validation loss
     if world.is_main:

@@ -18,7 +18,7 @@ import yaml
 
 from dlmkit.cli import main
 
-from .helpers import cli_args, cli_subprocess, env, losses
+from .helpers import cli_args, cli_subprocess, env, losses, records
 
 
 @pytest.mark.slow  # a training subprocess interrupted, then resumed: ~20 s on 2 busy cores
@@ -179,6 +179,30 @@ def test_sigterm_saves_nothing_new_but_prints_the_resume_command_and_exits_143(
     assert second == f"resume with: dlmkit train --output-dir {run_dir} --resume"
     assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
     assert not (run_dir / ".lock").exists()
+
+
+def test_sigterm_mid_step_finishes_the_step_and_saves_it(tmp_path, monkeypatch, capsys):
+    """SIGTERM (or Ctrl-C) in the middle of step 3 of 5, none of which is a save step: the step
+    finishes, a checkpoint of it is written, and a resume continues from there."""
+    from dlmkit.train import recipe
+
+    real = recipe.train_step
+
+    def step_then_signal(step, *args, **kwargs):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered inside the step
+        return real(step, *args, **kwargs)
+
+    monkeypatch.setattr(recipe, "train_step", step_then_signal)
+    run_dir = tmp_path / "run"
+    assert main(cli_args(run_dir, "train.steps=5", "train.save_every=100")) == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM: stopping after the step in progress" in err
+    assert (f"terminated by SIGTERM at step 3; the last checkpoint is "
+            f"{run_dir / 'checkpoints' / 'step_0000003'}") in err
+    monkeypatch.setattr(recipe, "train_step", real)
+    assert main(["train", "--output-dir", str(run_dir), "--resume"]) == 0
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.slow  # a training subprocess, a second run refused, SIGTERM, a resume: ~25 s
