@@ -131,7 +131,7 @@ class LoadedModel:
         """A :class:`SamplerConfig` for this model: the sampler defaults to the training
         strategy, ``block_size`` (and SCDD's schedule) to what the model was trained with;
         ``options`` override (unknown or unused ones are errors)."""
-        from .config import SAMPLERS
+        from .config import OPTIONS, SAMPLERS
 
         name = self.meta.get("strategy")
         strategy = strategies.get(name) if name in strategies.names() else None
@@ -152,6 +152,9 @@ class LoadedModel:
         # different things to different samplers (mdlm's block is a semi-AR window).
         if strategy is not None and sampler == strategy.sampler:
             defaults.update(strategy.sampler_defaults(self.meta, options))
+        # How the model's logits are read is the model's, whichever sampler decodes it.
+        if strategy is not None and "logit_shift" in OPTIONS.get(sampler, ()):
+            defaults["logit_shift"] = strategy.trained_logit_shift(self.meta, options)
         defaults.update(options)
         return SamplerConfig.from_options(sampler, **defaults)
 
@@ -315,7 +318,9 @@ def check_prompt_lengths(model, lengths: Sequence[int], widths: Sequence[int],
 
 
 def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
-             config: SamplerConfig, *, first_index: int = 0) -> GenerationResult:
+             config: SamplerConfig, *, first_index: int = 0,
+             prompt_seeds: Sequence[tuple[int, int]] | None = None,
+             on_commit=None) -> GenerationResult:
     """Decode ``prompts`` (texts are chat-encoded; id lists are used as given) in one batch.
 
     Batch invariant: prompt ``i`` samples from its own generator, seeded from ``(config.seed,
@@ -323,6 +328,12 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     row's numbers from its generator alone, so a prompt's output does not depend on the other
     prompts of the batch or on the batch size. Decoding a long list in chunks therefore gives
     the same outputs as one batch when each chunk passes its offset as ``first_index``.
+
+    ``prompt_seeds``: per prompt a ``(seed, prompt index)`` pair that replaces ``(config.seed,
+    first_index + i)`` (a server batches requests that each bring their own seed).
+    ``on_commit(i, tokens)``: called as prompt ``i``'s committed response grows, by the
+    block-wise samplers (ar, hybrid, bd3lm, idlm, dflash, block_diffusion: each block or
+    token); mdlm and scdd settle the whole canvas at once and never call it.
     """
     cfg = config.resolved()
     if isinstance(prompts, str):
@@ -332,7 +343,15 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     check_prompt_lengths(model, lengths, cfg.canvas_widths(lengths),
                          [f"prompt {first_index + i}" for i in range(len(encoded))])
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
-    generator = _prompt_generators(cfg.seed, first_index, len(encoded), runner.device)
+    runner.on_commit = on_commit
+    if prompt_seeds is None:
+        generator = _prompt_generators(cfg.seed, first_index, len(encoded), runner.device)
+    else:
+        if len(prompt_seeds) != len(encoded):
+            raise ValueError(f"prompt_seeds holds {len(prompt_seeds)} (seed, index) pairs for "
+                             f"{len(encoded)} prompts; give one per prompt")
+        generator = [g for seed, index in prompt_seeds
+                     for g in _prompt_generators(seed, index, 1, runner.device)]
     ids = {"mask_id": tokenizer.mask_token_id, "pad_id": tokenizer.pad_token_id}
     stop_ids = tuple(tokenizer.stop_token_ids)
     start = time.perf_counter()

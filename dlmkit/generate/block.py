@@ -19,6 +19,12 @@ block ``j - 1`` (queries ``[clean block | noisy block]`` over ``[cache | both]``
 costs no extra forward; the noisy block's entries are cropped after every forward. Without the
 cache the clean prefix is recomputed each forward under the same rule; both give the same
 logits up to float rounding, hence the same tokens.
+
+``logit_shift`` (a model trained with ``strategy.logit_shift``): the token at column ``c`` is
+read from the output at ``c - 1``; a block's first token from the last column of the block
+before, a *clean* query that sees exactly the clean tokens before it, as in training. That
+output does not change while the block is denoised, so the cache keeps it from the block's
+first forward (which runs that clean block) for the block's other steps.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 from dlmkit.diffusion.rng import Generators
 
 from .config import SamplerConfig
-from .masked import commit_step
+from .masked import commit_step, shifted_rows
 from .runner import Runner, first_stop, rule_mask
 
 
@@ -85,9 +91,11 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
     cache = runner.new_cache() if cfg.cache == "prefix" else None
     cached = 0  # columns whose clean keys/values are in the cache
     steps = cfg.block_steps()
+    shift = int(cfg.logit_shift)
     for block in range(num_blocks):
         lo, hi = (K + block) * S, (K + block + 1) * S
         limit = (gen_cols[:, -1:] >= column[lo:hi]).expand(batch, S)
+        head = None  # shifted: the logits of column lo - 1 (clean), from the last forward with it
         for step in range(steps):
             candidates = (seq[:, lo:hi] == mask_id) & limit & active.unsqueeze(1)
             if not bool(candidates.any()):
@@ -98,11 +106,19 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
             if cache is not None:
                 cache.crop(-S)
                 cached = lo
+            if shift:
+                if first < lo or lo == 0:  # this forward ran column lo - 1 (or lo is column 0)
+                    head = shifted_rows(logits, first, lo, lo + 1, shift)
+                logits = torch.cat([head, logits[:, lo - first:hi - 1 - first]], 1)
             window = seq[:, lo:hi].clone()
             commit_step(window, logits[:, -S:], candidates, steps - step, cfg, mask_id,
                         generator)
             seq[:, lo:hi] = window
             update_active()
+        if runner.on_commit is not None:  # the block is final: tell a streaming listener
+            for row, tokens in enumerate(seq.gather(1, gen_cols).tolist()):
+                runner.committed(row, tokens[:tokens.index(mask_id)] if mask_id in tokens
+                                 else tokens)
         if not bool(active.any()):
             break
     out = seq.gather(1, gen_cols)

@@ -218,6 +218,9 @@ def sample_canvas(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
                 break
         block = torch.where(finished[:, None], torch.full_like(argmax, pad_id), argmax)
         out.append(block)
+        if runner.on_commit is not None:  # the canvas is final: tell a streaming listener
+            for row, tokens in enumerate(torch.cat(out, 1)[:, :cfg.max_new_tokens].tolist()):
+                runner.committed(row, tokens)
         finished |= torch.isin(block, stops).any(1)
         next_pos = next_pos + S
         if bool(finished.all()):

@@ -92,6 +92,7 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                 if token in stops or len(out[row]) >= max_new_tokens:
                     active[row] = False
                     break
+            runner.committed(row, out[row])
             if accepted == len(fed) - a:
                 proposals = sample_tokens(noisy[row], temperature, gen).tolist()
                 if temperature > 0:

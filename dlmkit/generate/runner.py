@@ -43,6 +43,9 @@ class Runner:
         self.vocab_size = vocab_size
         self.model = model
         self.forwards = 0
+        # on_commit(row, tokens): told each time a row's committed response grows (a server
+        # streams it); the block-wise samplers call committed(), whole-canvas ones never do.
+        self.on_commit = None
         self.row_forwards = 0
         config = getattr(model, "config", None)
         self.implementation = getattr(config, "_attn_implementation", None) or "sdpa"
@@ -60,6 +63,11 @@ class Runner:
             return next(self.model.parameters()).device
         except StopIteration:
             return torch.device("cpu")
+
+    def committed(self, row: int, tokens: Sequence[int]) -> None:
+        """Row ``row``'s response so far is ``tokens`` (final: the sampler keeps them)."""
+        if self.on_commit is not None:
+            self.on_commit(row, list(tokens))
 
     def new_cache(self):
         from transformers import DynamicCache

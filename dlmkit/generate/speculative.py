@@ -171,7 +171,8 @@ def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]],
                              max_new_tokens: int, temperature: float, stop_ids: Sequence[int],
                              mask_id: int, generator: rng.Generators | None = None,
                              block_size: int | None = None,
-                             vocab_size: int | None = None) -> list[list[int]]:
+                             vocab_size: int | None = None,
+                             on_commit=None) -> list[list[int]]:
     """Each prompt's response ids, up to and including its first stop token; the rows decode
     together (see the module docstring); with a list of generators row ``b`` draws only from
     ``generator[b]``, one generator is shared by the rows.
@@ -255,6 +256,8 @@ def speculative_decode_batch(pair: DFlashPair, prompts: Sequence[Sequence[int]],
                 if t in stops:
                     break
             active[b] = out[b][-1] not in stops and len(out[b]) < max_new_tokens
+            if on_commit is not None:
+                on_commit(b, out[b])
         # Rejected drafts stay in the caches as columns no row sees again.
         valid = torch.cat([valid, accepted], 1)
         context, context_positions, context_valid = verified, block_positions, accepted
@@ -275,7 +278,8 @@ def decode_dflash(runner, encoded, cfg, *, stop_ids, generator, mask_id, pad_id)
     out = speculative_decode_batch(pair, encoded, max_new_tokens=cfg.max_new_tokens,
                                    temperature=cfg.temperature, stop_ids=stop_ids,
                                    mask_id=mask_id, generator=generator,
-                                   block_size=cfg.block_size, vocab_size=runner.vocab_size)
+                                   block_size=cfg.block_size, vocab_size=runner.vocab_size,
+                                   on_commit=runner.committed)
     runner.forwards += pair.stats["target_calls"] - calls
     runner.row_forwards += pair.stats["target_forwards"] - rows
     return out

@@ -114,6 +114,7 @@ def sample_ar(runner: Runner, prompts: Sequence[Sequence[int]], *, max_new_token
                                rng.select(generator, rows)).tolist()
         for row, token in zip(rows, tokens):
             out[row].append(token)
+            runner.committed(row, out[row])
             active[row] = token not in stops and len(out[row]) < max_new_tokens
         if not any(active):
             return out
