@@ -17,8 +17,8 @@ endpoints:
 The sampler options above are the server's defaults; a request overrides them in its "dlmkit"
 object ({"steps": 8, "threshold": 0.9, ...}), checked as `dlmkit generate` checks its flags.
 Concurrent requests with the same options decode in one batch; a request's tokens depend on
-its own prompt, options and seed only. SIGTERM (or Ctrl-C) finishes the requests in flight,
-then exits.
+its own prompt, options and seed only. SIGTERM (or Ctrl-C) stops taking connections,
+finishes the requests in flight, then exits by that signal (status 143 for SIGTERM).
 
 examples:
   dlmkit serve --model runs/x/final

@@ -266,7 +266,8 @@ def create_app(service: Service) -> FastAPI:
     async def health():
         batcher = service.batcher
         return {"status": "ok", "model": service.model_id, "sampler": service.base.sampler,
-                "queued": batcher.queued, "batches": batcher.batches}
+                "queued": batcher.queued, "decoding": batcher.decoding,
+                "batches": batcher.batches}
 
     @app.get("/v1/models")
     async def models():

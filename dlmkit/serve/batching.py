@@ -109,6 +109,7 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="dlmkit-serve-decoder",
                                         daemon=True)
         self.batches = 0  # decoded batches, for /health
+        self.decoding = 0  # rows of the batch being decoded now, for /health
         self._thread.start()
 
     @property
@@ -198,6 +199,7 @@ class Batcher:
                 job._call(job.on_tokens, choice, tokens)
 
         loaded = self.loaded
+        self.decoding = len(prompts)
         try:
             result = generate(loaded.model, loaded.tokenizer, prompts, jobs[0].config,
                               prompt_seeds=seeds, on_commit=on_commit)
@@ -205,6 +207,8 @@ class Batcher:
             for job in jobs:
                 job.fail(err)
             return
+        finally:
+            self.decoding = 0
         self.batches += 1
         at = 0
         for job in jobs:
