@@ -10,7 +10,7 @@ import sys
 from . import __version__
 
 # Each command lives in dlmkit/commands/<name>.py and exposes add_parser(subparsers).
-_COMMANDS = ("train", "generate", "eval", "serve", "export", "mask", "lm_eval")
+_COMMANDS = ("train", "generate", "eval", "serve", "export", "mask", "rl", "lm_eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

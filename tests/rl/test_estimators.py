@@ -1,0 +1,154 @@
+"""The estimators against exact expectations enumerated on a tiny vocabulary and length: the
+denoiser is the exact conditional of a known joint (tests/rl/_joint.py), so the masked and
+block ELBOs must average to log p exactly, and the one-step estimate to its mean-field closed
+form (which is not log p)."""
+
+from __future__ import annotations
+
+import math
+from itertools import product
+
+import pytest
+import torch
+
+from dlmkit.rl.estimators import Estimator, Noise
+
+from ._joint import MASK, JointModel, V, conditional, log_prob, random_joint, subsets
+
+PROMPT, CONT = [1], [2, 0, 1]
+SEQ = PROMPT + CONT
+P, N = len(PROMPT), len(CONT)
+
+
+def estimator(likelihood, kind, **kw):
+    return Estimator(likelihood, kind, mask_id=MASK, vocab_size=V + 1, family="test", **kw)
+
+
+def expectation(est, model, outcomes) -> float:
+    """sum over noise outcomes ``(probability, Noise)`` of the estimate."""
+    total = 0.0
+    for prob, noise in outcomes:
+        total += prob * float(est.score(model, [(PROMPT, CONT)], [noise])[0].detach())
+    return total
+
+
+def masked_outcomes(spans):
+    """Every masking of the completion: per span ``[lo, hi)`` of ``n_b`` tokens, ``l_b ~
+    U{1..n_b}`` then a uniform ``l_b``-subset; weight ``n_b / l_b`` on the masked tokens."""
+    per_span = []
+    for lo, hi in spans:
+        size = hi - lo
+        choices = []
+        for bits in subsets(size):
+            count = sum(bits)
+            choices.append((1 / size / math.comb(size, count), lo, bits, size / count))
+        per_span.append(choices)
+    for combo in product(*per_span):
+        masked = torch.zeros(1, N, dtype=torch.bool)
+        weight = torch.zeros(1, N, dtype=torch.float64)
+        prob = 1.0
+        for p, lo, bits, w in combo:
+            prob *= p
+            for j, bit in enumerate(bits):
+                masked[0, lo + j] = bit
+                weight[0, lo + j] = w if bit else 0.0
+        yield prob, Noise(masked, weight, torch.zeros(1, P, dtype=torch.bool))
+
+
+def test_masked_elbo_expectation_is_log_p_for_exact_conditionals():
+    joint = random_joint(len(SEQ))
+    model = JointModel(joint, "masked")
+    est = estimator("masked_elbo", "elbo")
+    exact = log_prob(joint, SEQ, P)
+    assert expectation(est, model, masked_outcomes([(0, N)])) == pytest.approx(exact, abs=1e-5)
+
+
+def test_masked_elbo_draws_average_to_the_expectation():
+    joint = random_joint(len(SEQ))
+    model = JointModel(joint, "masked")
+    est = estimator("masked_elbo", "elbo", samples=3000)
+    noise = est.draw(P, N, torch.Generator().manual_seed(0))
+    # every draw is an outcome of the enumerated distribution, with its weight n / l
+    count = noise.masked.sum(1)
+    assert bool((count >= 1).all())
+    expected_weight = (N / count.double()).unsqueeze(1) * noise.masked
+    assert torch.equal(noise.weight, expected_weight)
+    assert torch.bincount(count, minlength=N + 1)[1:].double().div(3000).sub(1 / N).abs().max() \
+        < 0.03  # l uniform on 1..n
+    mc = float(est.score(model, [(PROMPT, CONT)], [noise])[0])
+    assert mc == pytest.approx(log_prob(joint, SEQ, P), abs=0.1)
+
+
+def test_block_elbo_expectation_is_log_p_for_exact_conditionals():
+    joint = random_joint(len(SEQ), seed=1)
+    model = JointModel(joint, "block", block_size=2)
+    est = estimator("block_elbo", "elbo", block_size=2)
+    # blocks from position 0: [x0 x1 | x2 x3]: completion spans [0, 1) and [1, 3)
+    assert est._blocks(P, N) == [(0, 1), (1, 3)]
+    exact = log_prob(joint, SEQ, P)
+    got = expectation(est, model, masked_outcomes(est._blocks(P, N)))
+    assert got == pytest.approx(exact, abs=1e-5)
+
+
+def test_causal_score_is_exact_log_p():
+    joint = random_joint(len(SEQ), seed=2)
+    model = JointModel(joint, "causal")
+    est = estimator("causal", "elbo")
+    noise = est.draw(P, N, torch.Generator().manual_seed(0))
+    got = float(est.score(model, [(PROMPT, CONT)], [noise])[0])
+    assert got == pytest.approx(log_prob(joint, SEQ, P), abs=1e-5)
+
+
+def mean_field(joint, q: float) -> float:
+    """E over prompt masks M (each token masked w.p. q) of sum_i log p(x_i | unmasked prompt)."""
+    total = 0.0
+    for bits in product([False, True], repeat=P):
+        prob = math.prod(q if b else 1 - q for b in bits)
+        seen = {j: SEQ[j] for j in range(P) if not bits[j]}
+        total += prob * sum(float(torch.log(conditional(joint, i, seen)[SEQ[i]]))
+                            for i in range(P, P + N))
+    return total
+
+
+def test_one_step_expectation_is_the_mean_field_score_not_log_p():
+    joint = random_joint(len(SEQ), seed=3)
+    q = 0.3
+    model = JointModel(joint, "masked")
+    est = estimator("masked_elbo", "one_step", prompt_mask_prob=q)
+    outcomes = []
+    for bits in product([False, True], repeat=P):
+        prob = math.prod(q if b else 1 - q for b in bits)
+        outcomes.append((prob, Noise(torch.ones(1, N, dtype=torch.bool),
+                                     torch.ones(1, N, dtype=torch.float64),
+                                     torch.tensor([bits]))))
+    got = expectation(est, model, outcomes)
+    assert got == pytest.approx(mean_field(joint, q), abs=1e-5)
+    assert abs(got - log_prob(joint, SEQ, P)) > 0.05  # biased for log p on correlated tokens
+    # draws mask each prompt token with probability q
+    draws = Estimator("masked_elbo", "one_step", mask_id=MASK, vocab_size=V + 1, samples=4000,
+                      prompt_mask_prob=q).draw(P, N, torch.Generator().manual_seed(1))
+    assert float(draws.prompt_masked.double().mean()) == pytest.approx(q, abs=0.03)
+    assert bool(draws.masked.all())
+
+
+def test_shared_noise_gives_ratio_one_and_scores_batch_independently():
+    joint = random_joint(len(SEQ), seed=4)
+    model = JointModel(joint, "masked")
+    est = estimator("masked_elbo", "elbo", samples=2)
+    items = [(PROMPT, CONT), ([0], [1, 1]), (PROMPT, [0, 2, 2])]
+    noises = [est.draw(len(p), len(c), torch.Generator().manual_seed(i))
+              for i, (p, c) in enumerate(items)]
+    together = est.score(model, items, noises)
+    alone = torch.cat([est.score(model, [it], [nz]) for it, nz in zip(items, noises)])
+    assert torch.equal(together, alone)
+    again = est.score(model, items, noises)
+    assert torch.equal(torch.exp(together - again), torch.ones(3, dtype=torch.float64))
+
+
+def test_unsupported_families_and_estimators_are_named():
+    with pytest.raises(ValueError, match="family 'dflash' has no sequence log-likelihood"):
+        Estimator(None, "elbo", mask_id=MASK, vocab_size=V + 1, family="dflash")
+    with pytest.raises(ValueError, match="'one_step' is for masked-diffusion families"):
+        Estimator("causal", "one_step", mask_id=MASK, vocab_size=V + 1, family="hybrid")
+    with pytest.raises(ValueError, match="block_size must be the trained block"):
+        Estimator("block_elbo", "elbo", mask_id=MASK, vocab_size=V + 1, family="bd3lm")
