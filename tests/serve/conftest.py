@@ -91,10 +91,17 @@ def serve(export):
 
     running: dict = {}
 
-    def start(strategy, **kw):
-        key = (strategy, tuple(sorted(kw.items())))
+    def start(strategy, draft=False, **kw):
+        """``draft=True``: the export as the target of a DFlash drafter (`--draft`)."""
+        key = (strategy, draft, tuple(sorted(kw.items())))
         if key not in running:
             loaded = load(export(strategy))
+            if draft:
+                from dlmkit.generate.speculative import attach_draft
+                from tests.generate.test_cli_checks import save_drafter
+
+                drafter = save_drafter(export(strategy).parent / "drafter", export(strategy))
+                loaded = attach_draft(loaded, drafter)
             options = {"max_batch": 16, "wait_ms": 5, "max_queue": 64, "model_id": "tiny",
                        "sampler": None, "options": {}} | kw
             running[key] = Running(Service(loaded, **options))

@@ -264,3 +264,19 @@ def test_api_key(serve):
         wrong.models.list()
     assert "missing or wrong API key" in denied.value.message
     assert request(server.url, "GET", "/health").status_code == 200  # no key needed
+
+
+def test_speculative_pair_with_draft(serve):
+    """`--draft`: the ar target with a DFlash drafter decodes as dflash; greedy output equals
+    the target's own, streamed as verified blocks land."""
+    pair = serve("ar", draft=True)
+    plain = serve("ar")
+    reply = pair.client.completions.create(model="tiny", prompt="rev abc", max_tokens=8)
+    assert reply.model_extra["dlmkit"]["sampler"] == "dflash"
+    same = plain.client.completions.create(model="tiny", prompt="rev abc", max_tokens=8)
+    assert tokens(reply) == tokens(same)
+    events = _sse(pair, {"model": "tiny", "prompt": "rev abc", "max_tokens": 8,
+                         "stream": True})
+    assert events[-1] == "[DONE]"
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
+    assert "".join(texts) == reply.choices[0].text
