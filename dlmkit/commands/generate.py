@@ -15,7 +15,7 @@ SAMPLER_FLAGS = {
     "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
     "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
     "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float, "pad_to": int, "revise": bool,
+    "confidence_threshold": float, "pad_to": int, "revise": bool, "logit_shift": bool,
 }
 
 
@@ -77,6 +77,10 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                        help="scdd: run SCDD's self-correcting reverse process (revise visible "
                             "tokens, final argmax pass); default: off, committed tokens stay "
                             "(decodes the suite's tasks better; see docs/suite.md)")
+    group.add_argument("--logit-shift", action=argparse.BooleanOptionalAction,
+                       help="mdlm/bd3lm/scdd: read token i from the logits at i - 1, as a model "
+                            "trained with strategy.logit_shift (default: as trained, from "
+                            "dlmkit.json; set it for a plain model directory)")
     group.add_argument("--entropy-bound", type=float,
                        help="block_diffusion: entropy-bound commit rule (transformers' "
                             "DiffusionGemma sampler; default: off, use --remasking)")

@@ -107,6 +107,32 @@ def _shifted(target_ids: torch.Tensor, scored_next: torch.Tensor, doc_ids=None):
     return targets, next_token_scored(scored_next, doc_ids)
 
 
+def predictor_rows(loss_mask: torch.Tensor, **per_token: torch.Tensor
+                   ) -> dict[str, torch.Tensor]:
+    """Per-token tensors ``[B, L]`` re-indexed for a model trained with a logit shift (an AR
+    checkpoint's head kept: the output at position ``i`` predicts the token at ``i + 1``), so
+    that an unshifted loss applied to the model's own logits scores each token at the row that
+    predicts it: ``out[name][:, i] = per_token[name][:, i + 1]`` and ``out["loss_mask"]``
+    likewise. The last row predicts nothing: its ``loss_mask`` is 0 (the other tensors repeat
+    their last column there, so a per-row value read from any column, such as SCDD's ``t``,
+    stays the row's). Shifting the ``[B, L]`` tensors, not the ``[B, L, V]`` logits, copies no
+    logits.
+
+    A sequence's first token has no predecessor, so it cannot be scored: ``loss_mask[:, 0]``
+    must be 0 (the strategies take each document's first token out of the loss mask before
+    corrupting, :meth:`dlmkit.strategies.base.Strategy.shift_batch`), else a ValueError — the
+    numerator would silently drop a token the denominator counts."""
+    if bool((loss_mask[:, 0] != 0).any()):
+        raise ValueError("with a logit shift the first position has no predecessor and cannot "
+                         "be scored, but loss_mask[:, 0] is set; take it out of the loss mask "
+                         "(and the denominator) first")
+    out = {name: torch.cat([x[:, 1:], x[:, -1:]], 1) for name, x in per_token.items()}
+    mask = torch.zeros_like(loss_mask)
+    mask[:, :-1] = loss_mask[:, 1:]
+    out["loss_mask"] = mask
+    return out
+
+
 def _inverse_p(scored: torch.Tensor, p_mask: torch.Tensor) -> torch.Tensor:
     """``1/p`` on scored positions, 0 elsewhere (``p`` floored at 1e-8)."""
     p = p_mask.to(scored.device, torch.float32).clamp_min(1e-8)

@@ -23,11 +23,11 @@ _COMMON = {"max_new_tokens", "temperature", "seed"}
 _DIFFUSION = _COMMON | {"steps", "block_size", "remasking", "threshold", "factor", "cache"}
 # Options each sampler accepts (besides ``sampler``).
 OPTIONS: dict[str, frozenset[str]] = {
-    "mdlm": frozenset(_DIFFUSION | {"pad_to"}),
-    "bd3lm": frozenset(_DIFFUSION),
+    "mdlm": frozenset(_DIFFUSION | {"pad_to", "logit_shift"}),
+    "bd3lm": frozenset(_DIFFUSION | {"logit_shift"}),
     "hybrid": frozenset(_DIFFUSION | {"mode"}),
     "scdd": frozenset(_COMMON | {"steps", "max_ratio", "gamma_shape", "t_peak", "pad_to",
-                                 "revise"}),
+                                 "revise", "logit_shift"}),
     "idlm": frozenset(_COMMON | {"block_size"}),
     "ar": frozenset(_COMMON),
     # DiffusionGemma canvases: commit rules, temperature schedule, adaptive stopping
@@ -82,6 +82,10 @@ class SamplerConfig:
             ``True``: SCDD's full reverse process — visible tokens are revised by the
             posterior, released ones carry the uniform channel, and a final pass takes the
             argmax at every position (:mod:`dlmkit.generate.scdd` says why it is off).
+        logit_shift: mdlm, bd3lm, scdd: the model was trained with ``strategy.logit_shift``
+            (docs/logit_shift.md): the token at position ``i`` is read from the logits at
+            ``i - 1`` (bd3lm: a block's first token from the clean stream's last position of
+            the block before). Read from ``dlmkit.json``; must match training.
         entropy_bound: block_diffusion: commit the lowest-entropy positions whose entropies,
             less their maximum, sum to at most this (transformers' entropy-bound sampler);
             None = the ``remasking``/``threshold`` rule.
@@ -113,6 +117,7 @@ class SamplerConfig:
     confidence_threshold: float | None = None
     pad_to: int | None = None
     revise: bool = False
+    logit_shift: bool = False
 
     @classmethod
     def from_options(cls, sampler: str, **options) -> SamplerConfig:
@@ -176,6 +181,8 @@ class SamplerConfig:
         _int("seed", self.seed, 0)
         if not isinstance(self.revise, bool):
             raise ValueError(f"revise must be True or False, got {self.revise!r}")
+        if not isinstance(self.logit_shift, bool):
+            raise ValueError(f"logit_shift must be True or False, got {self.logit_shift!r}")
         block = self.block_size
         if block is not None:
             _int("block_size", block, 1)

@@ -167,7 +167,8 @@ class DlmkitLM(LM):
                     else None
                 score = elbo(self.scorer, runner, prompt, cont,
                              mask_id=self.tokenizer.mask_token_id, samples=self.mc_samples,
-                             generator=generator, batch_size=self.batch_size, block_size=block)
+                             generator=generator, batch_size=self.batch_size, block_size=block,
+                             logit_shift=self.config.logit_shift)
                 out.append((score, self._greedy(prompt, cont, index)))
         return out
 

@@ -24,6 +24,11 @@ A strategy's ``likelihood`` attribute names the scorer (:data:`SCORERS`):
   weight ``n_b / l_b`` given the clean earlier blocks (``[x_t | x_0]`` under the
   block-diffusion mask, all blocks in one forward, like a training step); the bound is the sum
   over blocks.
+
+``logit_shift`` (the ELBO scorers; a model trained with ``strategy.logit_shift``): each token's
+log-prob is read from the output at the position before it, as in training (``block_elbo``: a
+block's first token from the clean stream's last position of the block before); the prompt
+must then hold at least one token.
 """
 
 from __future__ import annotations
@@ -54,9 +59,20 @@ def causal_loglikelihood(runner: Runner, rows: Sequence[tuple[Sequence[int], Seq
     return out
 
 
+def _check_shift(logit_shift, prompt: Sequence[int]) -> int:
+    if not isinstance(logit_shift, bool):
+        raise TypeError(f"logit_shift must be True or False, got {logit_shift!r}")
+    if logit_shift and not len(prompt):
+        raise ValueError("logit_shift: the model predicts each token from the one before it, so "
+                         "the first continuation token needs a prompt of at least one token; "
+                         "got an empty prompt")
+    return int(logit_shift)
+
+
 def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
                 mask_id: int, samples: int, generator: torch.Generator,
-                batch_size: int = 32, exclude_mask: bool = False) -> float:
+                batch_size: int = 32, exclude_mask: bool = False,
+                logit_shift: bool = False) -> float:
     """The Monte-Carlo masked-diffusion ELBO of ``continuation`` after ``prompt`` (see the
     module docstring); ``samples`` draws, at most ``batch_size`` per forward.
     ``exclude_mask``: log-probs over the non-mask tokens (``masked_elbo_nonmask``)."""
@@ -66,6 +82,7 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     if not isinstance(exclude_mask, bool):
         raise TypeError(f"exclude_mask must be True or False, got {exclude_mask!r}")
+    shift = _check_shift(logit_shift, prompt)
     n, p = len(continuation), len(prompt)
     seq = torch.tensor(list(prompt) + list(continuation), device=runner.device)
     target = seq[p:]
@@ -78,7 +95,8 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
         x = seq.repeat(count, 1)
         x[:, p:] = torch.where(masked, mask_id, target)
         pos = torch.arange(p + n, device=runner.device).expand(count, -1)
-        logits = runner(x, bidirectional(p + n, None, device=runner.device), pos)[:, p:]
+        logits = runner(x, bidirectional(p + n, None, device=runner.device),
+                        pos)[:, p - shift:p + n - shift]
         if exclude_mask:
             logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
                                                float("-inf"))
@@ -91,7 +109,7 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
 
 def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
                mask_id: int, block_size: int, samples: int, generator: torch.Generator,
-               batch_size: int = 32) -> float:
+               batch_size: int = 32, logit_shift: bool = False) -> float:
     """The Monte-Carlo block-diffusion ELBO of ``continuation`` after ``prompt`` (see the
     module docstring); ``samples`` draws, at most ``batch_size`` per forward."""
     from dlmkit.masks import block_diffusion
@@ -101,6 +119,7 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1 (the trained block), got "
                          f"{block_size!r}")
+    shift = _check_shift(logit_shift, prompt)
     n, p = len(continuation), len(prompt)
     seq = torch.tensor(list(prompt) + list(continuation), device=runner.device)
     target = seq[p:]
@@ -110,6 +129,11 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
     start = torch.cumsum(sizes, 0) - sizes
     layout = block_diffusion(p + n, block_size, None, device=runner.device)
     positions = torch.arange(p + n, device=runner.device).repeat(2)
+    # The row of [x_t | x_0] that predicts each continuation token: itself, or shifted the
+    # noisy row before it, and for a block's first token the clean stream's row before it.
+    columns = torch.arange(p, p + n, device=runner.device)
+    rows = columns if not shift else torch.where(columns % block_size == 0,
+                                                 p + n + columns - 1, columns - 1)
     total = 0.0
     for at in range(0, samples, batch_size):
         count = min(batch_size, samples - at)
@@ -123,7 +147,7 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
         noisy = seq.repeat(count, 1)
         noisy[:, p:] = torch.where(masked, mask_id, target)
         x = torch.cat([noisy, seq.repeat(count, 1)], 1)
-        logits = runner(x, layout, positions.expand(count, -1))[:, p:p + n]
+        logits = runner(x, layout, positions.expand(count, -1))[:, rows]
         logp = torch.log_softmax(logits, -1).gather(2, target.expand(count, -1)
                                                    .unsqueeze(2)).squeeze(2)
         weight = (sizes / drawn.double())[:, block]  # n_b / l_b per position
@@ -133,15 +157,16 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
 
 def elbo(scorer: str, runner: Runner, prompt: Sequence[int], continuation: Sequence[int], *,
          mask_id: int, samples: int, generator: torch.Generator, batch_size: int = 32,
-         block_size: int | None = None) -> float:
+         block_size: int | None = None, logit_shift: bool = False) -> float:
     """The Monte-Carlo ELBO of ``continuation`` after ``prompt`` by the scorer a family names
     (one of :data:`SCORERS` but ``causal``); ``block_size`` is ``block_elbo``'s trained block
-    (no other scorer takes one)."""
+    (no other scorer takes one); ``logit_shift``: the model was trained with
+    ``strategy.logit_shift``."""
     if scorer not in ELBO_SCORERS:
         raise ValueError(f"scorer must be one of {ELBO_SCORERS} (the Monte-Carlo ELBOs), got "
                          f"{scorer!r}")
     kwargs = {"mask_id": mask_id, "samples": samples, "generator": generator,
-              "batch_size": batch_size}
+              "batch_size": batch_size, "logit_shift": logit_shift}
     if scorer == "block_elbo":
         return block_elbo(runner, prompt, continuation, block_size=block_size, **kwargs)
     if block_size is not None:

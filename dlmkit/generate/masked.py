@@ -1,5 +1,7 @@
-"""Masked-diffusion sampler (MDLM / LLaDA; trained under ``bidirectional(L, valid)``, unshifted
-logits): semi-autoregressive block decoding of a canvas, and infilling of ``[MASK]`` spans.
+"""Masked-diffusion sampler (MDLM / LLaDA; trained under ``bidirectional(L, valid)``; logits
+unshifted, or with ``logit_shift`` the token at column ``c`` read from the output at ``c - 1``,
+:func:`shifted_rows`): semi-autoregressive block decoding of a canvas, and infilling of
+``[MASK]`` spans.
 
 The canvas is ``[left-padded prompts | max_new_tokens MASK]`` (see :mod:`.runner`). Blocks of
 ``block_size`` tile the generated region left to right; each block gets its share of
@@ -20,6 +22,10 @@ canvas and keeps keys/values, its other steps reuse them.
 * ``dual`` (DualCache): also keeps the suffix after the block; the other steps run only the
   block's ``block_size`` tokens, against ``[prefix | suffix]`` keys (a key's position is in its
   rotary embedding, so the cache order does not matter, only the mask's key-to-column map).
+
+With ``logit_shift`` every forward starts one column earlier (the prefix cache keeps ``[0,
+lo - 1)``, the dual cache recomputes ``[lo - 1, hi)``), so the block's first token is read from
+its predecessor's output computed with the current block.
 
 Exact only in the limit where the cached representations do not depend on the tokens committed
 since the refresh; the output can differ from the uncached decode (``bench/sampling.py``
@@ -45,6 +51,20 @@ from .runner import Runner, drop_cached, first_stop, left_pad, positions, rule_m
 def split_steps(steps: int, parts: int) -> list[int]:
     """``steps`` over ``parts`` blocks, as even as possible, earlier blocks first."""
     return [steps // parts + (i < steps % parts) for i in range(parts)]
+
+
+def shifted_rows(out: torch.Tensor, first: int, lo: int, hi: int, shift: int) -> torch.Tensor:
+    """Logits ``[B, hi - lo, V]`` for columns ``[lo, hi)`` from a forward whose outputs ``out``
+    start at column ``first``: column ``c`` is read at ``c - shift`` (``shift`` 1: a model
+    trained with ``logit_shift``). Column 0 has no predecessor; it gets column 0's output as a
+    placeholder, and the samplers never decode it (a prompt token, or refused in infilling)."""
+    start, stop = lo - shift - first, hi - shift - first
+    if start < 0:
+        if lo - shift != -1 or first != 0:
+            raise RuntimeError(f"internal error: columns [{lo}, {hi}) with shift {shift} from "
+                               f"a forward starting at column {first}")
+        return torch.cat([out[:, :1], out[:, :stop]], 1)
+    return out[:, start:stop]
 
 
 def propose(logits: torch.Tensor, cfg: SamplerConfig, mask_id: int,
@@ -132,6 +152,8 @@ def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int
                    active: torch.Tensor, after_step=None) -> None:
     """Decode the masks of columns ``[lo, hi)`` in rows ``active`` within ``steps`` steps."""
     x, length = canvas.x, canvas.x.shape[1]
+    shift = int(cfg.logit_shift)
+    a = max(lo - shift, 0)  # a cached forward's first column: the block, or its predecessor
     cache = step_mask = None
     for step in range(steps):
         candidates = (x[:, lo:hi] == mask_id) & active.unsqueeze(1)
@@ -139,22 +161,26 @@ def _denoise_block(runner: Runner, canvas: _Canvas, lo: int, hi: int, steps: int
             return
         rows = int(candidates.any(1).sum())
         if cfg.cache == "none":
-            logits = runner(x, canvas.mask, canvas.pos, rows=rows)[:, lo:hi]
+            out = runner(x, canvas.mask, canvas.pos, rows=rows)
+            logits = shifted_rows(out, 0, lo, hi, shift)
         elif cache is None:  # the block's first step refreshes the cache
             cache = runner.new_cache()
-            logits = runner(x, canvas.mask, canvas.pos, cache, rows)[:, lo:hi]
+            out = runner(x, canvas.mask, canvas.pos, cache, rows)
+            logits = shifted_rows(out, 0, lo, hi, shift)
             if cfg.cache == "prefix":
-                cache.crop(-(length - lo))
-                step_mask = canvas.suffix_mask(lo)
+                cache.crop(-(length - a))
+                step_mask = canvas.suffix_mask(a)
             else:
-                drop_cached(cache, lo, hi)
-                step_mask = canvas.block_mask(lo, hi)
+                drop_cached(cache, a, hi)
+                step_mask = canvas.block_mask(a, hi)
         elif cfg.cache == "prefix":
-            logits = runner(x[:, lo:], step_mask, canvas.pos[:, lo:], cache, rows)[:, :hi - lo]
-            cache.crop(-(length - lo))
-        else:  # dual: only the block runs, against [prefix | suffix]
-            logits = runner(x[:, lo:hi], step_mask, canvas.pos[:, lo:hi], cache, rows)
-            cache.crop(-(hi - lo))
+            out = runner(x[:, a:], step_mask, canvas.pos[:, a:], cache, rows)
+            logits = shifted_rows(out, a, lo, hi, shift)
+            cache.crop(-(length - a))
+        else:  # dual: only the block (and, shifted, its predecessor) runs against the rest
+            out = runner(x[:, a:hi], step_mask, canvas.pos[:, a:hi], cache, rows)
+            logits = shifted_rows(out, a, lo, hi, shift)
+            cache.crop(-(hi - a))
         window = x[:, lo:hi].clone()
         commit_step(window, logits, candidates, steps - step, cfg, mask_id, generator)
         x[:, lo:hi] = window
@@ -203,6 +229,13 @@ def infill_masked(runner: Runner, sequences: Sequence[Sequence[int]], cfg: Sampl
     """Fill every ``mask_id`` in ``sequences`` (ragged) within ``cfg.steps`` steps, all spans
     jointly (one block over the whole canvas); every other token is kept."""
     device = runner.device
+    if cfg.logit_shift:
+        for i, s in enumerate(sequences):
+            if len(s) and s[0] == mask_id:
+                raise ValueError(f"sequences[{i}] starts with a mask token, but the model was "
+                                 "trained with logit_shift (each token is predicted from the "
+                                 "one before it), so a first token cannot be filled; put at "
+                                 "least one token before the span")
     ids, valid = left_pad(sequences, pad_id, device)
     canvas = _Canvas(ids, valid)
     width = ids.shape[1]

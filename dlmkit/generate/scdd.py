@@ -29,6 +29,9 @@ gets little training signal). Exact match of
 takes it from 93.5% to 39.0%), ``transform`` 84.0% -> 92.0%, ``arith`` at lr 3e-3 43.5% ->
 42.0% (a model that has not learned the sums either way).
 
+With ``logit_shift`` (a model trained with ``strategy.logit_shift``) the token at column ``c``
+is read from the model's output at ``c - 1``.
+
 Times run ``1 = t_0 > ... > t_steps = 0`` on a uniform grid (the last step reaches ``t = 0``:
 every mask is released). Temperature divides the logits before ``p`` is formed; ``0`` makes
 ``p`` one-hot (argmax).
@@ -117,6 +120,10 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
     mask = bidirectional(x.shape[1], valid, device=device)
     grid = torch.linspace(1.0, 0.0, cfg.steps + 1, dtype=torch.float64).tolist()
     rule = step_weights if cfg.revise else release_weights
+    shift = int(cfg.logit_shift)  # width >= 1: every canvas column has a predecessor
+
+    def canvas_logits() -> torch.Tensor:
+        return runner(x, mask, pos)[:, width - shift:x.shape[1] - shift]
 
     def masks_left() -> bool:
         return bool((x[:, width:][inside] == mask_id).any())
@@ -124,7 +131,7 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
     for t, s in zip(grid[:-1], grid[1:]):
         if not cfg.revise and not masks_left():
             break  # every mask released: nothing left to change
-        p = _model_probs(runner(x, mask, pos)[:, width:], mask_id, cfg.temperature)
+        p = _model_probs(canvas_logits(), mask_id, cfg.temperature)
         weights = rule(x[:, width:], p, t, s, mask_id, schedule)
         total = weights.sum(-1, keepdim=True)
         logw = torch.where(weights > 0, weights.log(), float("-inf"))
@@ -135,6 +142,6 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
         if masks_left():
             raise RuntimeError("internal error: masks left after the step to t = 0")
         return torch.where(inside, x[:, width:], pad_id)
-    logits = runner(x, mask, pos)[:, width:].clone()
+    logits = canvas_logits().clone()
     logits[..., mask_id] = float("-inf")
     return torch.where(inside, logits.argmax(-1), pad_id)

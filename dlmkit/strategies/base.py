@@ -116,6 +116,38 @@ class Strategy:
                              f"0 < t_min < t_max <= 1, got t_min={lo!r}, t_max={hi!r}")
         check_time_sampling(self.config["time_sampling"])
 
+    # -- logit shift (the masked families that offer ``logit_shift``: mdlm, scdd, bd3lm) --------
+    def _logit_shift_option(self) -> None:
+        value = self.config["logit_shift"]
+        if not isinstance(value, bool):
+            raise ValueError(f"strategy.logit_shift must be true or false, got {value!r}")
+
+    def shift_batch(self, batch: dict) -> dict:
+        """With ``strategy.logit_shift`` the output at position ``i`` predicts the token at
+        ``i + 1`` (docs/logit_shift.md); a document's first token (position id 0) has no
+        predecessor in its document, so it is taken out of ``loss_mask`` before corrupting:
+        never corrupted, never scored, not in the denominator. Without the option: ``batch``."""
+        if not self.config.get("logit_shift"):
+            return batch
+        first = batch["position_ids"] == 0
+        return {**batch, "loss_mask": batch["loss_mask"].masked_fill(first, 0)}
+
+    @classmethod
+    def trained_logit_shift(cls, meta: dict, options: dict) -> bool:
+        """``strategy.logit_shift`` of the export whose ``dlmkit.json`` is ``meta`` (an export
+        without the key was trained without it). It is how the model's logits are read, not a
+        decoding choice: a different ``logit_shift`` in the user's ``options`` is an error."""
+        trained = (meta.get("options") or {}).get("logit_shift", False)
+        if not isinstance(trained, bool):
+            raise ValueError(f"dlmkit.json: options.logit_shift must be true or false, got "
+                             f"{trained!r}")
+        asked = options.get("logit_shift", trained)
+        if asked != trained:
+            raise ValueError(f"logit_shift={asked!r} differs from the model's: it was trained "
+                             f"with logit_shift={trained} (options.logit_shift in dlmkit.json), "
+                             "so its logits must be read that way; omit logit_shift")
+        return trained
+
     def corrupt(self, corruption, batch: dict, generators, *args, **kwargs):
         """``corruption(input_ids, loss_mask, *args, generator=generators, **kwargs)``; the
         families that pack override it to corrupt document by document."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from dlmkit.diffusion import MDLMLoss
+from dlmkit.diffusion.losses import predictor_rows
 from dlmkit.masks import block_diffusion
 
 from .twostream import TwoStreamStrategy
@@ -16,7 +19,9 @@ class BD3LMStrategy(TwoStreamStrategy):
     # clipped t_min bounds the 1/p weights: on the multi-turn suite task t_min 1e-3 / 0.2 /
     # 0.5 gave 11% / 67% / 81% exact match at 400 x 32, and 0.2 gave 93.5% with the default
     # 400 x 64 (tests/suite, docs/suite.md); 0.5 is not measured at that budget yet.
-    options = {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified"}
+    # logit_shift: an AR checkpoint's head kept (docs/logit_shift.md); see ``loss``.
+    options = {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified",
+               "logit_shift": False}
     mask_factory = staticmethod(block_diffusion)
     # The suite's `arith` (digit sums) is learned slowly and only at the lower rate: 1200 steps
     # at lr 3e-3 (the Strategy default) 8.0% exact match, 3000 steps at 3e-3 11.0%; at lr 1e-3
@@ -34,9 +39,11 @@ class BD3LMStrategy(TwoStreamStrategy):
     def validate(self) -> None:
         super().validate()
         self._noise_range_options()
+        self._logit_shift_option()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
+        batch = self.shift_batch(batch)
         noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators,
                                                          self.config["block_size"])
         return {**self.two_stream(batch, noisy), "noise_mask": noise_mask, "p_mask": p_mask}
@@ -48,6 +55,25 @@ class BD3LMStrategy(TwoStreamStrategy):
         length = prepared["target_ids"].shape[1]
         logits = self.logits(model, prepared["input_ids"], prepared["mask"],
                              prepared["position_ids"])
-        return self.loss_fn(logits=logits[:, :length], target_ids=prepared["target_ids"],
-                            noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
-                            loss_mask=prepared["loss_mask"], num_tokens=denominators["num_tokens"])
+        if not self.config["logit_shift"]:
+            return self.loss_fn(logits=logits[:, :length], target_ids=prepared["target_ids"],
+                                noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
+                                loss_mask=prepared["loss_mask"],
+                                num_tokens=denominators["num_tokens"])
+        # Shifted: token i is predicted by the row before it. Inside a block that is the noisy
+        # row i - 1 (it sees the same noisy block and clean prefix as row i). A block's first
+        # token is predicted by the last position of the block before in the *clean* stream:
+        # that row sees exactly the clean tokens before i, as an AR head does, while the noisy
+        # row there sees the previous block's noise and never this block. Both halves of the
+        # [x_t | x_0] logits are scored, each token in exactly one, so nothing is copied.
+        rows = predictor_rows(prepared["loss_mask"], target_ids=prepared["target_ids"],
+                              noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
+                              starts=prepared["position_ids"][:, :length]
+                              % self.config["block_size"] == 0)
+        clean = rows["starts"]  # row i predicts a block's first token: read the clean stream
+        sup = rows["loss_mask"]
+        return self.loss_fn(logits=logits, target_ids=rows["target_ids"].repeat(1, 2),
+                            noise_mask=rows["noise_mask"].repeat(1, 2),
+                            p_mask=rows["p_mask"].repeat(1, 2),
+                            loss_mask=torch.cat([sup * ~clean, sup * clean], 1),
+                            num_tokens=denominators["num_tokens"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dlmkit.diffusion import MDLMLoss
+from dlmkit.diffusion.losses import predictor_rows
 from dlmkit.masks.bidirectional import bidirectional
 
 from .base import Strategy
@@ -15,7 +16,9 @@ class MDLMStrategy(Strategy):
     # The mask probability is drawn in [t_min, t_max), stratified over the global batch
     # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
     # t_min clipped as in bd3lm (bounded 1/p weights).
-    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified"}
+    # logit_shift: the output at position i predicts the token at i + 1, as an AR checkpoint's
+    # head was trained to (docs/logit_shift.md).
+    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified", "logit_shift": False}
     supervise_padding = True  # (inherited by SCDD)
     # Rows padded to one length in training and decoding (inherited by SCDD; README).
     fixed_length = True
@@ -37,9 +40,11 @@ class MDLMStrategy(Strategy):
 
     def validate(self) -> None:
         self._noise_range_options()
+        self._logit_shift_option()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):
+        batch = self.shift_batch(batch)
         noisy, noise_mask, p_mask = self.corrupt_uniform(batch, generators)
         return self.one_stream(batch, noisy, noise_mask, p_mask)
 
@@ -58,6 +63,16 @@ class MDLMStrategy(Strategy):
     def loss(self, model, prepared, denominators):
         logits = self.logits(model, prepared["input_ids"], prepared["mask"],
                              prepared["position_ids"])
-        return self.loss_fn(logits=logits, target_ids=prepared["target_ids"],
-                            noise_mask=prepared["noise_mask"], p_mask=prepared["p_mask"],
-                            loss_mask=prepared["loss_mask"], num_tokens=denominators["num_tokens"])
+        p = self.scored_rows(prepared, "target_ids", "noise_mask", "p_mask")
+        return self.loss_fn(logits=logits, target_ids=p["target_ids"],
+                            noise_mask=p["noise_mask"], p_mask=p["p_mask"],
+                            loss_mask=p["loss_mask"], num_tokens=denominators["num_tokens"])
+
+    def scored_rows(self, prepared: dict, *names: str) -> dict:
+        """``loss_mask`` and the per-token tensors ``names`` of ``prepared``, indexed by the
+        logit row that predicts each token: the same position, or with ``logit_shift`` the one
+        before it (:func:`~dlmkit.diffusion.losses.predictor_rows`)."""
+        tensors = {name: prepared[name] for name in names}
+        if not self.config["logit_shift"]:
+            return {**tensors, "loss_mask": prepared["loss_mask"]}
+        return predictor_rows(prepared["loss_mask"], **tensors)

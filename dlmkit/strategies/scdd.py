@@ -24,7 +24,7 @@ class SCDDStrategy(MDLMStrategy):
     # average and 10000 steps below, t_min 0 -> 0.2 with iid -> stratified: tests/suite BPE
     # `transform` seeds 0 / 1 / 2 91.5 / 84.5 / 89.5% -> 92.5 / 92.5 / 91.5% (docs/suite.md).
     options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5,
-               "t_min": 0.2, "time_sampling": "stratified"}
+               "t_min": 0.2, "time_sampling": "stratified", "logit_shift": False}
     former_defaults = {"t_min": 0.0, "time_sampling": "iid"}  # its defaults before those
     # As mdlm (one bidirectional canvas): tests/suite 3000 -> 6000 steps, `lookup` 73.5% ->
     # 99.5%, `chat` 75.0% -> 99.5%; 6000 -> 10000 with the weight average below, BPE
@@ -50,6 +50,7 @@ class SCDDStrategy(MDLMStrategy):
         c = self.config
         check_unit_from_zero("strategy.t_min", c["t_min"])
         check_time_sampling(c["time_sampling"])
+        self._logit_shift_option()
         self.loss_fn = SCDDLoss(self.mask_token_id, num_timesteps=c["num_timesteps"],
                                 max_ratio=c["max_ratio"], gamma_shape=c["gamma_shape"],
                                 t_peak=c["t_peak"], chunk_size=self.loss_chunk_size,
@@ -57,6 +58,7 @@ class SCDDStrategy(MDLMStrategy):
 
     def prepare(self, batch, generators):
         c = self.config
+        batch = self.shift_batch(batch)
         stratum, num = self.time_strata(batch)  # one time per row: its first position's slot
         noisy, noise_mask, t = corrupt_scdd(
             batch["input_ids"], batch["loss_mask"], self.mask_token_id, self.vocab_size,
@@ -69,6 +71,7 @@ class SCDDStrategy(MDLMStrategy):
     def loss(self, model, prepared, denominators):
         logits = self.logits(model, prepared["input_ids"], prepared["mask"],
                              prepared["position_ids"])
-        return self.loss_fn(logits=logits, target_ids=prepared["target_ids"],
-                            noisy_ids=prepared["input_ids"], p_mask=prepared["p_mask"],
-                            loss_mask=prepared["loss_mask"], num_tokens=denominators["num_tokens"])
+        p = self.scored_rows(prepared, "target_ids", "input_ids", "p_mask")
+        return self.loss_fn(logits=logits, target_ids=p["target_ids"], noisy_ids=p["input_ids"],
+                            p_mask=p["p_mask"], loss_mask=p["loss_mask"],
+                            num_tokens=denominators["num_tokens"])
