@@ -280,3 +280,24 @@ def test_speculative_pair_with_draft(serve):
     assert events[-1] == "[DONE]"
     texts = [json.loads(e)["choices"][0]["text"] for e in events[:-1]]
     assert "".join(texts) == reply.choices[0].text
+
+
+def test_stop_strings_in_a_stream(serve):
+    server = serve("ar")
+    text = server.client.completions.create(model="tiny", prompt="rev abc",
+                                            max_tokens=8).choices[0].text
+    stop = text[3:5]
+    events = _sse(server, {"model": "tiny", "prompt": "rev abc", "max_tokens": 8,
+                           "stream": True, "stop": stop})
+    parsed = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in parsed) == text[:text.find(stop)]
+    assert parsed[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1] == "[DONE]"
+
+
+def test_draining_server_answers_503(serve):
+    server = serve("ar", wait_ms=1)  # its own server: the batcher is stopped here
+    server.service.batcher.close()
+    reply = _post(server, "/v1/completions", {"model": "tiny", "prompt": "x"})
+    assert reply.status_code == 503
+    assert reply.json()["error"]["code"] == "shutting_down"
