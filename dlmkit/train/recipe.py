@@ -543,7 +543,9 @@ def build_components(config: dict, world: World) -> Components:
                                             resolve_ema(config, strategy),
                                             resolve_storage_dtype(config)) if line)
     warn_pure_bf16(config)
-    budget_report += (resolve_precision(config, world.device).describe(),)
+    precision = resolve_precision(config, world.device)
+    if not precision.all_fp32:
+        budget_report += (precision.describe(),)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)
