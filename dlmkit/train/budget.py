@@ -36,8 +36,9 @@ def resolve_budget(config: dict, num_train: int, strategy) -> str | None:
                 f"over {num_train} training records")
     if t["steps"] is None:
         t["steps"] = strategy.default_steps
-        return (f"train.steps={t['steps']}: the {strategy.name} default (set train.steps or "
-                "train.epochs to change it)")
+        sooner = "; early stopping may end it sooner" if t["early_stopping_patience"] else ""
+        return (f"train.steps={t['steps']}: the {strategy.name} default, the most it trains "
+                f"(set train.steps or train.epochs to change it{sooner})")
     return None
 
 

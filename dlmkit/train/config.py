@@ -40,9 +40,10 @@ DEFAULTS: dict = {
         # the spelling of its pieces. 0 = the tokenizer's own segmentation.
         "split_tokens": 0.0,
         "split_responses": False,  # split the supervised tokens too (else the prompt's only)
-        # A record longer than max_seq_len is cut. error: a record left with no supervised
-        # token is an error; drop: records longer than the cap are left out; truncate: every
-        # record is cut and kept (see dlmkit.train.truncation). Counts are reported either way.
+        # A record longer than max_seq_len is cut (block_diffusion keeps a response's whole
+        # blocks under the cap only). error: a record left with no supervised token is an
+        # error; drop: every record the cap cuts is left out; truncate: every record is cut and
+        # kept (see dlmkit.train.truncation). Counts are reported either way.
         "truncation": "error",
     },
     "model": {

@@ -32,6 +32,10 @@ class Precision:
     compute: torch.dtype | None  # autocast dtype; None = off
     storage: torch.dtype  # frozen parameters and the export
 
+    @property
+    def all_fp32(self) -> bool:
+        return self.compute is None and self.master == self.storage == torch.float32
+
     def describe(self) -> str:
         def name(dtype):
             return str(dtype).removeprefix("torch.") if dtype is not None else "off"
@@ -60,6 +64,8 @@ def resolve_storage_dtype(config: dict) -> str | None:
     if m["dtype"] is not None:
         return None
     m["dtype"] = source_dtype(m["name"])
+    if not Path(str(m["name"])).is_dir():  # a preset: float32, nothing to say
+        return None
     return (f"model.dtype={m['dtype']}: the dtype of {m['name']!r} (frozen weights and the "
             "export; trained weights stay in train.master_dtype)")
 

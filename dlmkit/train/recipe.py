@@ -55,7 +55,7 @@ from .precision import (
 )
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress, data_summary
-from .regime import resolve_regime
+from .regime import lora_warning, resolve_regime
 from .resume import ResumePlan, data_fingerprints, plan_resume, record_data_files
 from .rundir import check_new_run_dir, check_writable, create_run_dir, lock_run_dir
 from .truncation import apply_length_cap
@@ -537,13 +537,15 @@ def build_components(config: dict, world: World) -> Components:
                               trained_row_length(config, strategy, train_set,
                                                  collator.max_seq_len))
     sampler = build_sampler(config, world, len(train_set))
-    budget_report = tuple(line for line in (regime_line,
+    budget_report = tuple(line for line in (regime_line, lora_warning(config),
                                             resolve_budget(config, len(train_set), strategy),
                                             resolve_warmup(config, strategy),
                                             resolve_ema(config, strategy),
                                             resolve_storage_dtype(config)) if line)
     warn_pure_bf16(config)
-    budget_report += (resolve_precision(config, world.device).describe(),)
+    precision = resolve_precision(config, world.device)
+    if not precision.all_fp32:
+        budget_report += (precision.describe(),)
 
     torch.manual_seed(config["seed"])  # model initialisation
     attention = resolve_attention(config["model"]["attention"], world.device)

@@ -64,3 +64,15 @@ def resolve_regime(config: dict, strategy) -> str:
                  "to change one)")
     return line
 
+
+
+def lora_warning(config: dict) -> str | None:
+    """A warning when LoRA adapts a preset: its base weights are random and frozen, so only
+    the low-rank adapters learn, from nothing."""
+    m = config["model"]
+    if m["lora"] and config["train"]["regime"] == "scratch":
+        return (f"warning: model.lora adapts {m['name']!r}, a preset whose weights are randomly "
+                "initialised and frozen: only the adapters learn. LoRA is for pretrained "
+                "checkpoints (model.name a model directory); drop model.lora to train the "
+                "whole model")
+    return None

@@ -273,3 +273,13 @@ def test_tensorboard_gets_the_metrics_and_a_resume_replaces_the_steps_past_it(tm
     train, _ = scalars(crashed, "train/loss")
     assert [s for s, _ in train] == [1, 2, 3, 4, 5]
     assert [v for _, v in train] == pytest.approx(losses(crashed), rel=1e-6)
+
+
+def test_dlmkit_warnings_print_as_one_line(tmp_path, capsys):
+    """dlmkit's own warnings (here the pure-bf16 opt-in) print as `warning: ...`, not as
+    Python's `file:line: UserWarning:` with a source line."""
+    main(cli_args(tmp_path / "run", "train.steps=1", "model.dtype=bfloat16",
+                  "train.master_dtype=bfloat16"))
+    err = capsys.readouterr().err
+    assert "\nwarning: train.master_dtype=bfloat16: the trained weights" in f"\n{err}"
+    assert "UserWarning" not in err

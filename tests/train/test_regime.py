@@ -80,3 +80,12 @@ def test_a_directory_without_weights_is_named_before_anything_is_built(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="has config.json but no model weights"):
         build_components(config(f"model.name={tmp_path}"), CPU)
+
+
+def test_lora_on_a_preset_warns_and_on_a_checkpoint_does_not():
+    lora = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
+    c = build_components(config(lora), CPU)
+    assert any(line.startswith("warning: model.lora adapts 'tiny-llama', a preset whose "
+                               "weights are randomly initialised") for line in c.budget_report)
+    c = build_components(config(lora, f"model.name={tiny_target()}"), CPU)
+    assert not any("warning: model.lora" in line for line in c.budget_report)
