@@ -1,0 +1,174 @@
+"""bench/adapt.py: the corpus parsing and split, the --logit-shift check, the table, and the
+smoke size end to end (it fetches Debian's dict-devil package once into the cache)."""
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "adapt.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("bench_adapt", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+TEXT = """00-database-short
+     The Devil's Dictionary
+
+ABSURDITY, n.  A statement or belief manifestly inconsistent with
+one's own opinion.
+
+ACCOUNTABILITY, n.  The mother of caution.
+
+    "My accountability, bear in mind,"
+        Said the Grand Vizier:  "Yes, yes,"
+                                                            Joram Tate
+
+ACCUSE, v.t.  To affirm another's guilt or unworth; most commonly as a
+justification of ourselves for having wronged him.
+"""
+
+
+def test_entries_pair_headword_and_definition():
+    adapt = _module()
+    got = adapt.entries(TEXT, max_bytes=1000)
+    assert [h for h, _ in got] == ["ABSURDITY, n.", "ACCOUNTABILITY, n.", "ACCUSE, v.t."]
+    assert got[0][1] == "A statement or belief manifestly inconsistent with one's own opinion."
+    # A quotation paragraph belongs to the entry above it, on its own line.
+    assert got[1][1] == ('The mother of caution.\n"My accountability, bear in mind," Said the '
+                         'Grand Vizier: "Yes, yes," Joram Tate')
+
+
+def test_entries_cut_at_a_word_boundary():
+    adapt = _module()
+    for max_bytes in (10, 23, 24, 40):
+        for _, body in adapt.entries(TEXT, max_bytes):
+            assert len(body.encode()) <= max_bytes
+    (_, body), *_ = adapt.entries(TEXT, 24)
+    assert body == "A statement or belief"  # not "... belief m"
+
+
+def test_split_is_deterministic_and_sized():
+    adapt = _module()
+    heads = [f"WORD{i}, n." for i in range(4000)]
+    first = [adapt.split_of(h) for h in heads]
+    assert first == [adapt.split_of(h) for h in heads]
+    share = {k: first.count(k) / len(first) for k in ("held_out", "probe", "train")}
+    assert abs(share["held_out"] - 0.10) < 0.02
+    assert abs(share["probe"] - 0.05) < 0.015
+
+
+def test_probe_entries_are_pretrained_but_never_adapted(tmp_path):
+    adapt = _module()
+    text = tmp_path / "devil.txt"
+    words = [f"WORD{i}, n.  Definition number {i} of many." for i in range(300)]
+    text.write_text("\n\n".join(words))
+    size = adapt.SIZES["smoke"]
+    splits = adapt.write_data(text, size, tmp_path / "data")
+    read = {name: [json.loads(x) for x in (tmp_path / "data" / f"{name}.jsonl").open()]
+            for name in ("pretrain", "adapt", "held_out", "probe")}
+    probe = {r["prompt"] for r in read["probe"]}
+    assert probe and probe == {r["prompt"] for r in splits["probe"]}
+    assert not probe & {r["prompt"] for r in read["adapt"]}
+    assert not probe & {r["prompt"] for r in read["held_out"]}
+    counts = [r["prompt"] for r in read["pretrain"]]
+    assert all(counts.count(p) == size.probe_repeat for p in probe)
+    held = {r["prompt"] for r in read["held_out"]}
+    assert held and not held & set(counts)
+
+
+def test_logit_shift_flag_needs_the_option(monkeypatch):
+    adapt = _module()
+    from dlmkit import strategies
+
+    cls = strategies.get("mdlm")
+    monkeypatch.setattr(cls, "options", {k: v for k, v in cls.options.items()
+                                         if k != "logit_shift"})
+    with pytest.raises(SystemExit, match=r"--logit-shift: .*\['mdlm'\] have no option "
+                                         r"logit_shift .*issue 52 item 4"):
+        adapt.check_logit_shift(["ar", "mdlm"])
+    adapt.check_logit_shift(["ar", "idlm"])  # families it does not apply to need nothing
+
+
+def _line(adapt, **kw):
+    base = {"bench": "adapt", "size": "smoke", "batch_id": "B2", "commit": "abc",
+            "corpus": "c", "model": "tiny-llama", "model_config": {}, "threads": 1,
+            "entries": {"train": 3}, "held_out_scored": 2, "probe_scored": 2, "mc_samples": 2,
+            "budget": 8, "params": 1000, "steps": 8, "final_step": 8, "recalled": 1,
+            "train_wall_s": 1.0, "score_wall_s": 0.1, "load_avg": [1.0, 1.0, 1.0],
+            "logit_shift": None}
+    return {**base, **kw}
+
+
+def test_table_renders_the_newest_batch(tmp_path):
+    adapt = _module()
+    lines = [
+        _line(adapt, batch_id="B1", run="pretrain", family="ar", bpb=9.0, curve=[[8, 9.0]]),
+        _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.5], [8, 2.0]]),
+        _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
+              curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8),
+        _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
+              curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
+    ]
+    results = tmp_path / "adapt.jsonl"
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    doc = tmp_path / "adapt.md"
+    doc.write_text(f"intro\n{adapt.TABLE_BEGIN}\nold\n{adapt.TABLE_END}\noutro\n")
+    text = adapt.write_table(results, doc)
+    assert "9.000" not in text  # batch B1 is older
+    assert "| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 4: 2.30, 8: 2.10 |" in text
+    assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |" in text
+    page = doc.read_text()
+    assert page.startswith("intro\n") and page.endswith("outro\n") and "old" not in page
+
+    doc.write_text("no markers")
+    with pytest.raises(SystemExit, match="no .*adapt-table.* section to replace"):
+        adapt.write_table(results, doc)
+
+
+@pytest.mark.slow
+def test_smoke_size_end_to_end(tmp_path):
+    """Pretrain, adapt and train from scratch at the smoke size: a line per run, finite
+    bits/byte at every checkpoint, the probe scored against the pretrained model's recall."""
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        pytest.skip("the corpus is a Debian package: needs apt-get and dpkg-deb")
+    cache = Path(os.environ.get("DLMKIT_BENCH_CACHE", "~/.cache/dlmkit-bench")).expanduser()
+    results = tmp_path / "adapt.jsonl"
+
+    def bench(*args):
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--size", "smoke", "--threads", "1", "--cache",
+             str(cache), "--work", str(tmp_path / "runs"), "--results", str(results), *args],
+            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+        return [json.loads(x) for x in results.read_text().splitlines()]
+
+    lines = bench("--families", "mdlm")
+    assert [(x["run"], x["family"]) for x in lines] == [
+        ("pretrain", "ar"), ("adapted", "mdlm"), ("scratch", "mdlm")]
+    for line in lines:
+        assert [s for s, _ in line["curve"]] == [4, 8]
+        assert all(math.isfinite(b) and b > 0 for _, b in line["curve"])
+        assert line["bpb"] > 0 and line["steps"] == 8
+    pre, adapted, scratch = lines
+    assert adapted["ar_bpb"] == scratch["ar_bpb"] == pre["bpb"]
+    assert adapted["ar_recalled"] == pre["recalled"]
+    assert 0 <= adapted["retained"] <= adapted["ar_recalled"]
+    assert "dict-devil" in pre["corpus"]
+
+    # A second invocation adds a family to the same batch, against the same AR reference.
+    *_, more = bench("--families", "idlm", "--no-scratch", "--reuse-pretrain")
+    assert (more["run"], more["family"], more["batch_id"]) == ("adapted", "idlm",
+                                                               pre["batch_id"])
+    assert more["ar_bpb"] == pre["bpb"] and more["ar_recalled"] == pre["recalled"]
