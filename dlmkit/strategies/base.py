@@ -119,8 +119,9 @@ class Strategy:
     # -- logit shift (the masked families that offer ``logit_shift``: mdlm, scdd, bd3lm) --------
     def _logit_shift_option(self) -> None:
         value = self.config["logit_shift"]
-        if not isinstance(value, bool):
-            raise ValueError(f"strategy.logit_shift must be true or false, got {value!r}")
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"strategy.logit_shift must be true, false or null (true when "
+                             f"fine-tuning a causal checkpoint, else false), got {value!r}")
 
     def shift_batch(self, batch: dict) -> dict:
         """With ``strategy.logit_shift`` the output at position ``i`` predicts the token at

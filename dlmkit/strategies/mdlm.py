@@ -18,7 +18,9 @@ class MDLMStrategy(Strategy):
     # t_min clipped as in bd3lm (bounded 1/p weights).
     # logit_shift: the output at position i predicts the token at i + 1, as an AR checkpoint's
     # head was trained to (docs/logit_shift.md).
-    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified", "logit_shift": False}
+    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified", "logit_shift": None}
+    # Runs from before logit_shift existed trained without it (dlmkit.train.resume).
+    former_defaults = {"logit_shift": False}
     supervise_padding = True  # (inherited by SCDD)
     # Rows padded to one length in training and decoding (inherited by SCDD; README).
     fixed_length = True

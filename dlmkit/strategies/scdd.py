@@ -24,8 +24,9 @@ class SCDDStrategy(MDLMStrategy):
     # average and 10000 steps below, t_min 0 -> 0.2 with iid -> stratified: tests/suite BPE
     # `transform` seeds 0 / 1 / 2 91.5 / 84.5 / 89.5% -> 92.5 / 92.5 / 91.5% (docs/suite.md).
     options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5,
-               "t_min": 0.2, "time_sampling": "stratified", "logit_shift": False}
-    former_defaults = {"t_min": 0.0, "time_sampling": "iid"}  # its defaults before those
+               "t_min": 0.2, "time_sampling": "stratified", "logit_shift": None}
+    # its defaults before those (and before logit_shift existed)
+    former_defaults = {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False}
     # As mdlm (one bidirectional canvas): tests/suite 3000 -> 6000 steps, `lookup` 73.5% ->
     # 99.5%, `chat` 75.0% -> 99.5%; 6000 -> 10000 with the weight average below, BPE
     # `transform` 80.0% -> 91.5% (10000 steps alone 88.0%, the average alone 83.0%), byte

@@ -4,6 +4,7 @@ directory without weights is an error. The defaults are printed and recorded."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -89,3 +90,31 @@ def test_lora_on_a_preset_warns_and_on_a_checkpoint_does_not():
                                "weights are randomly initialised") for line in c.budget_report)
     c = build_components(config(lora, f"model.name={tiny_target()}"), CPU)
     assert not any("warning: model.lora" in line for line in c.budget_report)
+
+
+def test_logit_shift_is_on_when_fine_tuning_a_causal_checkpoint(tmp_path):
+    """strategy.logit_shift null: false from scratch, true for a causal checkpoint (its head
+    predicts the next token), the export's own value for a bd3lm/mdlm/scdd checkpoint; what
+    the user sets wins. Recorded in config (config.yaml, dlmkit.json)."""
+    import shutil
+
+    scratch = config()
+    build_components(scratch, CPU)
+    assert scratch["strategy"]["logit_shift"] is False
+    causal = config(f"model.name={tiny_target()}")
+    c = build_components(causal, CPU)
+    assert causal["strategy"]["logit_shift"] is True and c.strategy.config["logit_shift"] is True
+    assert "strategy.logit_shift=true" in c.budget_report[0]
+    assert config(f"model.name={tiny_target()}", "strategy.logit_shift=false",
+                  )["strategy"]["logit_shift"] is False
+    kept = config(f"model.name={tiny_target()}", "strategy.logit_shift=false")
+    build_components(kept, CPU)
+    assert kept["strategy"]["logit_shift"] is False
+    for recorded in (False, True):
+        export = tmp_path / f"bd3lm-{recorded}"
+        shutil.copytree(tiny_target(), export)
+        (export / "dlmkit.json").write_text(json.dumps(
+            {"strategy": "bd3lm", "options": {"logit_shift": recorded}}))
+        cfg = config(f"model.name={export}")
+        build_components(cfg, CPU)
+        assert cfg["strategy"]["logit_shift"] is recorded

@@ -29,7 +29,9 @@ def test_config_yaml_records_every_strategy_option_and_the_model(tmp_path):
     run = tmp_path / "run"
     main(cli_args(run, "train.steps=1", "strategy.max_ratio=0.05", strategy="scdd"))
     recorded = load_yaml((run / "config.yaml").read_text())
-    assert recorded["strategy"] == {"name": "scdd", **SCDDStrategy.options, "max_ratio": 0.05}
+    # logit_shift null is resolved: false from scratch (dlmkit.train.regime)
+    assert recorded["strategy"] == {"name": "scdd", **SCDDStrategy.options, "max_ratio": 0.05,
+                                    "logit_shift": False}
     assert recorded["model"]["name"] == SCDDStrategy.default_model == "tiny-llama"
     in_checkpoint = load_yaml((_checkpoint(run, 1) / "config.yaml").read_text())
     assert in_checkpoint["strategy"] == recorded["strategy"]
@@ -60,7 +62,8 @@ def test_a_checkpoint_that_records_no_options_resumes_with_what_it_trained_with(
     _with_strategy(_checkpoint(old, 2), {"name": "scdd"})
     cfg = load_config(None, [*overrides(*STEPS, strategy="scdd"), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=[])
-    assert plan.former == {"t_min": 0.0, "time_sampling": "iid"} == SCDDStrategy.former_defaults
+    assert plan.former == {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False} \
+        == SCDDStrategy.former_defaults
     assert plan.config["strategy"] == {**SCDDStrategy.options, "name": "scdd", **plan.former}
     assert not plan.forced
     assert any("does not record strategy.t_min=0.0, strategy.time_sampling='iid'" in line
@@ -78,16 +81,17 @@ def test_an_older_checkpoint_with_an_option_set_keeps_the_former_defaults_of_the
     cfg = load_config(None, [*overrides(*STEPS[:2], "strategy.max_ratio=0.05",
                                         strategy="scdd"), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=["strategy.max_ratio"])
-    assert plan.former == {"t_min": 0.0, "time_sampling": "iid"} and not plan.forced
+    assert plan.former == {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False}
+    assert not plan.forced
     assert plan.config["strategy"]["max_ratio"] == 0.05
 
 
 def test_a_family_whose_defaults_never_changed_resumes_an_old_checkpoint_silently(tmp_path):
     run, old = tmp_path / "run", tmp_path / "old"
-    main(cli_args(run, *STEPS[:2]))
+    main(cli_args(run, *STEPS[:2], strategy="hybrid"))
     copy_as_crashed_at(run, old, 2)
-    _with_strategy(_checkpoint(old, 2), {"name": "mdlm"})
-    cfg = load_config(None, [*overrides(*STEPS[:2]), f"output_dir={old}"])
+    _with_strategy(_checkpoint(old, 2), {"name": "hybrid", "block_size": 4})
+    cfg = load_config(None, [*overrides(*STEPS[:2], strategy="hybrid"), f"output_dir={old}"])
     plan = plan_resume(cfg, explicit=[])
     assert not plan.former and not plan.forced
     assert plan.config["strategy"] == load_yaml((run / "config.yaml").read_text())["strategy"]
