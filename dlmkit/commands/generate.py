@@ -105,11 +105,6 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-# Samplers that decode in the fixed blocks the model was trained on (its block mask): another
-# --block-size would feed it a layout it never saw.
-TRAINED_BLOCK_SAMPLERS = ("bd3lm", "hybrid")
-
-
 def _check_exported(args) -> None:
     """Before loading: without dlmkit.json the sampler cannot default to the training one."""
     from dlmkit.models import check_model_directory
@@ -158,20 +153,6 @@ def resolve_device(spec: str) -> str:
     return spec
 
 
-def _check_block_size(args, loaded, config) -> None:
-    if args.block_size is not None and config.sampler == "hybrid" and config.mode == "ar":
-        raise SystemExit("error: --block-size is not used by the hybrid sampler in --mode ar "
-                         "(it decodes token by token on the clean causal stream); omit it")
-    trained = loaded.meta.get("block_size")
-    if (args.block_size is not None and trained and args.block_size != trained
-            and config.sampler in TRAINED_BLOCK_SAMPLERS and config.mode == "diffusion"):
-        raise SystemExit(
-            f"error: --block-size {args.block_size} differs from the block size the model was "
-            f"trained with ({trained}, in {Path(args.model) / 'dlmkit.json'}): {config.sampler} "
-            f"decodes block by block under the block mask it was trained on, and this model has "
-            f"only seen blocks of {trained}; omit --block-size")
-
-
 def sampler_options(args) -> dict:
     return {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k) is not None}
 
@@ -202,7 +183,10 @@ def load_and_configure(args, **extra):
         else:  # not ours: shown as Python would have
             warnings.warn_explicit(warning.message, warning.category, warning.filename,
                                    warning.lineno)
-    _check_block_size(args, loaded, config)
+    try:
+        loaded.check_block_size(config, args.block_size)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     return loaded, config
 
 

@@ -158,6 +158,29 @@ class LoadedModel:
         defaults.update(options)
         return SamplerConfig.from_options(sampler, **defaults)
 
+    def check_block_size(self, config: SamplerConfig, block_size: int | None,
+                         what: str = "--block-size", mode: str = "--mode ar") -> None:
+        """A ``block_size`` asked of ``config``'s sampler that this model cannot decode with:
+        hybrid's AR mode has no block, and bd3lm/hybrid diffusion decode under the block mask
+        they were trained on. ``what`` / ``mode`` name the options as the caller's user wrote
+        them. Raises ValueError."""
+        if block_size is not None and config.sampler == "hybrid" and config.mode == "ar":
+            raise ValueError(f"{what} is not used by the hybrid sampler in {mode} (it decodes "
+                             "token by token on the clean causal stream); omit it")
+        trained = self.meta.get("block_size")
+        if (block_size is not None and trained and block_size != trained
+                and config.sampler in TRAINED_BLOCK_SAMPLERS and config.mode == "diffusion"):
+            raise ValueError(
+                f"{what} {block_size} differs from the block size the model was trained with "
+                f"({trained}, in {self.path / META_FILE}): {config.sampler} decodes block by "
+                f"block under the block mask it was trained on, and this model has only seen "
+                f"blocks of {trained}; omit {what}")
+
+
+# Samplers that decode in the fixed blocks the model was trained on (its block mask): another
+# block size would feed it a layout it never saw.
+TRAINED_BLOCK_SAMPLERS = ("bd3lm", "hybrid")
+
 
 def load(path: str | Path, *, device: str | torch.device = "cpu",
          attention: str = "sdpa", what: str = "--model") -> LoadedModel:

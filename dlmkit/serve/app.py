@@ -16,7 +16,6 @@ import hmac
 import json
 import time
 import uuid
-from types import SimpleNamespace
 
 import pydantic
 from fastapi import FastAPI, Request
@@ -140,8 +139,6 @@ class Service:
     def configure(self, request, ids: list[int]):
         """``(SamplerConfig, canvas width)`` for a request, checked as ``dlmkit generate``
         checks its options; a problem is a 400 naming the field."""
-        from dlmkit.commands.generate import _check_block_size
-
         extension = request.dlmkit or {}
         for name, field in OPENAI_FIELDS.items():
             if name in extension:
@@ -162,11 +159,10 @@ class Service:
         except (ValueError, TypeError) as err:
             raise APIError(400, f"dlmkit: {err}", param="dlmkit") from None
         try:  # the trained block of bd3lm/hybrid; the same check as --block-size
-            _check_block_size(SimpleNamespace(block_size=extension.get("block_size"),
-                                              model=str(self.loaded.path)), self.loaded, config)
-        except SystemExit as err:
-            message = str(err).removeprefix("error: ").replace("--block-size", "block_size")
-            raise APIError(400, f"dlmkit.{message}", param="dlmkit.block_size") from None
+            self.loaded.check_block_size(config, extension.get("block_size"),
+                                         what="dlmkit.block_size", mode="dlmkit.mode 'ar'")
+        except ValueError as err:
+            raise APIError(400, str(err), param="dlmkit.block_size") from None
         width = config.canvas_widths([len(ids)])[0]
         try:
             check_prompt_lengths(self.loaded.model, [len(ids)], [width], ["the prompt"])
