@@ -23,11 +23,8 @@ once no mask is left). Why: the models the
 suite trains predict *visible* tokens badly, and revising by them undoes right answers (a
 likely reason: at a visible position the loss is the KL of two posteriors that both sit almost
 entirely on the visible token — ``alpha`` is close to 1 for a step of ``1/T`` — so ``p`` there
-gets little training signal). Exact match of
-``tests/suite`` exports (200 test problems; docs/suite.md), revise on -> off: ``arith`` at lr 1e-3
-39.5% -> 93.5% (decoding with ``max_ratio=0``, i.e. no revision steps, the final pass alone
-takes it from 93.5% to 39.0%), ``transform`` 84.0% -> 92.0%, ``arith`` at lr 3e-3 43.5% ->
-42.0% (a model that has not learned the sums either way).
+gets little training signal). Measured on the suite's exports, revise on and off:
+docs/families/scdd.md#why-these-defaults.
 
 With ``logit_shift`` (a model trained with ``strategy.logit_shift``) the token at column ``c``
 is read from the model's output at ``c - 1``.

@@ -18,8 +18,8 @@ class ARStrategy(Strategy):
     sampler = "ar"
     likelihood = "causal"
     options: dict = {}
-    # tests/suite `arith` at 3000 steps: 90.0% exact match (lookup/transform 100%, chat 99.0%);
-    # like idlm's clean stream, the sums are learned late (docs/suite.md; 1200-step control there).
+    # Like idlm's clean stream, the suite's `arith` sums are learned late (measured on the
+    # suite: docs/families/ar.md#why-these-defaults).
     default_steps = 3000
 
     def prepare(self, batch, generators):

@@ -58,8 +58,8 @@ class Strategy:
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
     # The peak learning rate and the step budget used when ``train.lr`` / ``train.steps`` (and
-    # ``train.epochs``) are not set: measured on tests/suite (the README's tables; controls:
-    # docs/suite.md).
+    # ``train.epochs``) are not set: measured on tests/suite (each family's evidence:
+    # docs/families/<family>.md#why-these-defaults).
     default_lr: float = 3.0e-3
     default_steps: int = 1200
     # The warmup used when ``train.warmup_steps`` is not set: None = 10% of the steps

@@ -16,26 +16,20 @@ class BD3LMStrategy(TwoStreamStrategy):
     sampler = "bd3lm"
     likelihood = "block_elbo"
     # Per-block mask probability in [t_min, t_max), stratified over the global batch. The
-    # clipped t_min bounds the 1/p weights: on the multi-turn suite task t_min 1e-3 / 0.2 /
-    # 0.5 gave 11% / 67% / 81% exact match at 400 x 32, and 0.2 gave 93.5% with the default
-    # 400 x 64 (tests/suite, docs/suite.md); 0.5 is not measured at that budget yet.
+    # clipped t_min bounds the 1/p weights (measured on the suite:
+    # docs/families/bd3lm.md#why-these-defaults).
     # logit_shift: an AR checkpoint's head kept (docs/logit_shift.md); see ``loss``.
     options = {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified",
                "logit_shift": None}
     # Runs from before logit_shift existed trained without it (dlmkit.train.resume).
     former_defaults = {"logit_shift": False}
     mask_factory = staticmethod(block_diffusion)
-    # The suite's `arith` (digit sums) is learned slowly and only at the lower rate: 1200 steps
-    # at lr 3e-3 (the Strategy default) 8.0% exact match, 3000 steps at 3e-3 11.0%; at lr 1e-3
-    # (10% warmup) 3000 steps 71.5%, 6000 steps 92.5%. At 6000 / 1e-3 `lookup` / `transform` /
-    # `chat` give 100.0 / 100.0 / 100.0% (100.0 / 100.0 / 98.0% at 1200 / 3e-3; docs/suite.md).
+    # The suite's `arith` (digit sums) is learned slowly and only at the lower rate (measured
+    # on the suite: docs/families/bd3lm.md#why-these-defaults).
     default_lr = 1.0e-3
     default_steps = 6000
-    # It overfits the suite's small training sets (BPE `transform`: the validation loss is
-    # lowest at steps 3000-5200 of 6000, higher after); a weight average generalises better:
-    # tests/suite BPE `transform`, seeds 0 / 1 / 2, 93.5 / 90.0 / 89.5% -> 93.5 / 92.5 /
-    # 95.0%, best validation loss lower on all three; `arith` BPE 94.0 -> 94.5%, byte 93.0 ->
-    # 92.5% (docs/suite.md).
+    # It overfits the suite's small training sets; a weight average generalises better
+    # (measured on the suite: docs/families/bd3lm.md#why-these-defaults).
     default_ema_decay = 0.999
 
     def validate(self) -> None:

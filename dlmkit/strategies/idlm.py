@@ -15,15 +15,13 @@ class IDLMStrategy(TwoStreamStrategy):
     sampler = "idlm"
     likelihood = "causal"  # the clean stream (shifted CE on x_0)
     # The clean stream is what decodes (ISD commits exactly its greedy tokens; the noisy block
-    # only proposes), so it gets full weight: on the suite's `transform` task (1200 x 64)
-    # 0.2 gave 62.5% exact match, 1.0 gave 100% (tests/suite, docs/suite.md).
+    # only proposes), so it gets full weight (measured on the suite:
+    # docs/families/idlm.md#why-these-defaults).
     options = {"block_size": 4, "clean_loss_weight": 1.0, "auto_balance": False}
     mask_factory = staticmethod(idlm)
-    # tests/suite `arith` (sums with carries) is learned only after ~1300 steps (validation
-    # loss falls suddenly): 1200 steps 26.5% exact match, 3000 steps 93.0%; with 3000 lookup
-    # and transform stay at 100%, chat 100% -> 98.5% (docs/suite.md). With the BPE tokenizer (weight
-    # decay 0.5) `arith` is still learning at 3000 (87.5%; validation falling): 6000 gives
-    # 94.0%, `transform` 93.0% -> 93.5%, byte `arith` 94.0% -> 95.5%.
+    # The suite's `arith` (sums with carries) is learned late, after ~1300 steps, and with the
+    # BPE tokenizer is still learning at 3000 (measured on the suite:
+    # docs/families/idlm.md#why-these-defaults).
     default_steps = 6000
 
     def validate(self) -> None:

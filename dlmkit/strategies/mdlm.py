@@ -24,11 +24,9 @@ class MDLMStrategy(Strategy):
     supervise_padding = True  # (inherited by SCDD)
     # Rows padded to one length in training and decoding (inherited by SCDD; README).
     fixed_length = True
-    # One bidirectional canvas learns slower than the block-causal families: tests/suite with
-    # one-length rows, 3000 -> 6000 steps: `lookup` 73.0% -> 91.0%, `chat` 84.5% -> 98.5% (`arith`
-    # 9.0% -> 20.0%, `transform` 4.0% -> 0.0%; docs/suite.md). At 6000 steps lr 3e-3 -> 1e-3 (10%
-    # warmup): `arith` 20.0% -> 91.5%, `transform` 0.0% -> 92.0%, `lookup` 91.0% -> 99.5%, `chat`
-    # 98.5% -> 95.5% (at 3e-3 no copy-from-context circuit formed: the probe in docs/suite.md).
+    # One bidirectional canvas learns slower than the block-causal families, and at 3e-3 no
+    # copy-from-context circuit forms (measured on the suite:
+    # docs/families/mdlm.md#why-these-defaults).
     default_steps = 6000
     default_lr = 1.0e-3
 

@@ -20,24 +20,18 @@ class SCDDStrategy(MDLMStrategy):
     # scdd decoder both exclude the MASK logit, which training therefore never fits.
     likelihood = "masked_elbo_nonmask"
     # t_min / time_sampling: mdlm's defaults (the clipped range and the batch-stratified draw of
-    # the diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid. With the weight
-    # average and 10000 steps below, t_min 0 -> 0.2 with iid -> stratified: tests/suite BPE
-    # `transform` seeds 0 / 1 / 2 91.5 / 84.5 / 89.5% -> 92.5 / 92.5 / 91.5% (docs/suite.md).
+    # the diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid (measured on
+    # the suite: docs/families/scdd.md#why-these-defaults).
     options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5,
                "t_min": 0.2, "time_sampling": "stratified", "logit_shift": None}
     # its defaults before those (and before logit_shift existed)
     former_defaults = {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False}
-    # As mdlm (one bidirectional canvas): tests/suite 3000 -> 6000 steps, `lookup` 73.5% ->
-    # 99.5%, `chat` 75.0% -> 99.5%; 6000 -> 10000 with the weight average below, BPE
-    # `transform` 80.0% -> 91.5% (10000 steps alone 88.0%, the average alone 83.0%), byte
-    # `arith` 90.5% -> 95.0% (docs/suite.md).
+    # As mdlm, one bidirectional canvas learns slowly; the longer budget pays with the weight
+    # average below (measured on the suite: docs/families/scdd.md#why-these-defaults).
     default_steps = 10000
-    # A weight average over ~1000 steps: with the longer budget, every suite cell tried kept or
-    # gained exact match (the two lookup cells were at 100% already; docs/suite.md).
+    # A weight average over ~1000 steps (docs/families/scdd.md#why-these-defaults).
     default_ema_decay = 0.999
-    # mdlm's 1e-3 (inherited, stated for the record): tests/suite at 6000 steps, lr 3e-3 -> 1e-3
-    # (decoded with committed tokens kept, the sampler's default): `lookup` -> 100.0%,
-    # `transform` 92.0% -> 98.5%, `arith` 42.0% -> 93.5%, `chat` -> 98.5% (docs/suite.md).
+    # mdlm's 1e-3 (inherited, stated for the record; docs/families/scdd.md#why-these-defaults).
     default_lr = 1.0e-3
 
     @classmethod

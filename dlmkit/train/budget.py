@@ -10,10 +10,9 @@ the same way). In the config file and ``--set`` the later of the two wins
 
 The learning-rate warmup follows the budget: ``train.warmup_steps: null`` (the default) is
 ``WARMUP_FRACTION`` of the resolved steps (or the strategy's ``default_warmup_steps``;
-``dlmkit train --print-config`` lists every family's), recorded the same way. On the suite's
-``arith`` task (tests/suite, docs/suite.md) ar at lr 3e-3 with 20 warmup steps collapsed its answer
-queries' attention (81.5% exact match at 3000 steps); 300 (10%) gave 92.0 / 92.0 / 90.0%
-(seeds 0-2).
+``dlmkit train --print-config`` lists every family's), recorded the same way. A short warmup
+at lr 3e-3 collapsed the attention of ar's answer queries on the suite's ``arith`` task (measured
+on the suite: docs/families/ar.md#why-these-defaults).
 """
 
 from __future__ import annotations

@@ -58,14 +58,14 @@ DEFAULTS: dict = {
         "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
     },
     # + the strategy's own options (see dlmkit.strategies). BD3-LM is the default because it
-    # decodes the bundled task exactly (100% exact match within 400 steps) while the tiny MDLM
-    # learns the answer length from the canvas length (see the README).
+    # decodes the bundled task exactly within 400 steps while the tiny MDLM learns the answer
+    # length from the canvas length (docs/families/bd3lm.md#why-these-defaults).
     "strategy": {"name": "bd3lm"},
     "train": {
         # None (and no epochs) = the strategy's default_steps, what the user-like suite
         # tests/suite needs (the bundled task needs only 400: `make demo`). Every family's
         # training defaults: `dlmkit train --print-config`; the measurements behind them:
-        # each strategy and the README's tables. Written into config.yaml.
+        # docs/families/<family>.md#why-these-defaults. Written into config.yaml.
         "steps": None,
         "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
         # auto: fine-tune when model.name is a model directory with weights, else train from
@@ -84,8 +84,8 @@ DEFAULTS: dict = {
         "lr": None,               # None = the strategy's default_lr, written into config.yaml
         "min_lr_ratio": 0.1,
         "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
-                                  # default_warmup_steps (dlmkit.train.budget: 20 steps
-                                  # collapsed attention at lr 3e-3 on the suite's `arith`);
+                                  # default_warmup_steps (dlmkit.train.budget; measured:
+                                  # docs/families/ar.md#why-these-defaults);
                                   # written into config.yaml
         "weight_decay": None,     # AdamW's, on matrices only (not norms or biases); None =
                                   # the regime's default (dlmkit.train.regime)
