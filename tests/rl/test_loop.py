@@ -124,3 +124,14 @@ def test_cli_help(capsys):
     out = capsys.readouterr().out
     for key in ("objective.estimator", "reward.function", "rollout.group_size", "--resume"):
         assert key in out
+
+
+@pytest.mark.parametrize("strategy,block,estimator", [
+    ("scdd", None, "elbo"), ("bd3lm", 2, "one_step"), ("hybrid", 2, "elbo"), ("idlm", 2, "elbo")])
+def test_each_family_takes_a_step(policy, tmp_path, strategy, block, estimator):
+    done = run(config_for(policy(strategy, block), tmp_path / strategy, "train.steps=1",
+                          f"objective.estimator={estimator}", "objective.kl_beta=0.05"))
+    (record,) = records(done)
+    assert record["step"] == 1 and record["completion_tokens"] >= 1
+    assert json.loads((done / "final" / "dlmkit.json").read_text())["strategy"] == strategy
+    assert api.load(done / "final").meta["rl"]["estimator"] == estimator
