@@ -165,7 +165,8 @@ def entries(text: str, max_bytes: int) -> list[tuple[str, str]]:
         body = "\n".join(paragraphs)
         if len(body.encode()) > max_bytes:
             body = body.encode()[:max_bytes + 1].decode("ascii", "ignore")
-            body = body[:body.rfind(" ")] if " " in body else body[:max_bytes]
+            space = max(body.rfind(" "), body.rfind("\n"))
+            body = body[:space] if space > 0 else body[:max_bytes]
         cut.append((head, body.rstrip()))
     return cut
 
@@ -324,6 +325,9 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
         load_step(loaded, path)
         curve.append([step, round(bits_per_byte(loaded, held_out, mc_samples), 4)])
     return {"params": params, "bpb": round(final_bpb, 4), "curve": curve,
+            # What the run trained with (its default when the bench did not set it); None:
+            # the family, or this dlmkit, has no such option.
+            "logit_shift": (loaded.meta.get("options") or {}).get("logit_shift"),
             "recalled": [r["prompt"] for r, ok in zip(probe, recalled) if ok]}
 
 
@@ -368,13 +372,13 @@ def run_benchmark(args) -> list[dict]:
             "mc_samples": size.mc_samples, "budget": size.pretrain_steps}
     lines = []
 
-    def record(kind: str, family: str, run_dir: Path, wall: float, shift: bool | None,
-               ar_bpb: float | None, ar_recalled: set | None) -> dict:
+    def record(kind: str, family: str, run_dir: Path, wall: float, ar_bpb: float | None,
+               ar_recalled: set | None) -> dict:
         load_before = os.getloadavg()
         start = time.perf_counter()
         s = score_run(run_dir, held_out, probe, size.mc_samples)
         trained, chosen = steps_of(run_dir)
-        line = {**base, "run": kind, "family": family, "logit_shift": shift,
+        line = {**base, "run": kind, "family": family, "logit_shift": s["logit_shift"],
                 "params": s["params"], "steps": trained, "final_step": chosen, "bpb": s["bpb"],
                 "curve": s["curve"], "recalled": len(s["recalled"]),
                 "train_wall_s": round(wall, 1),
@@ -415,13 +419,13 @@ def run_benchmark(args) -> list[dict]:
             raise SystemExit(f"bench/adapt.py --reuse-pretrain: {pre_dir} was pretrained for "
                              f"--size {earlier['size']}, not {args.size}")
         base["batch_id"] = earlier["batch_id"]
-        pre = record("pretrain", "ar", pre_dir, 0.0, None, None, None)
+        pre = record("pretrain", "ar", pre_dir, 0.0, None, None)
     else:
         wall = train(pre_dir, {**common_overrides(size, data_dir, "pretrain.jsonl"),
                                "strategy.name": "ar", "model.name": size.model, **model_set,
                                "train.early_stopping_patience": 0, "train.final_model": "last"},
                      args.threads, work / "pretrain-ar.log")
-        pre = record("pretrain", "ar", pre_dir, wall, None, None, None)
+        pre = record("pretrain", "ar", pre_dir, wall, None, None)
         (pre_dir / "bench.json").write_text(json.dumps({"size": args.size,
                                                         "batch_id": batch_id}))
         emit(pre)
@@ -436,14 +440,14 @@ def run_benchmark(args) -> list[dict]:
             wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
                                    "strategy.name": family, "model.name": checkpoint, **extra},
                          args.threads, work / f"{tag}.log")
-            emit(record("adapted", family, run_dir, wall, shift, ar_bpb, ar_recalled))
+            emit(record("adapted", family, run_dir, wall, ar_bpb, ar_recalled))
         if args.no_scratch:
             continue
         run_dir = work / f"scratch-{family}"
         wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
                                "strategy.name": family, "model.name": size.model, **model_set},
                      args.threads, work / f"scratch-{family}.log")
-        emit(record("scratch", family, run_dir, wall, None, ar_bpb, None))
+        emit(record("scratch", family, run_dir, wall, ar_bpb, None))
     return lines
 
 
@@ -477,7 +481,8 @@ def table(lines: list[dict]) -> str:
             within = line.get("steps_within_10pct")
             retained = (f"{line['retained']} / {line['ar_recalled']}" if "retained" in line
                         else f"({line['recalled']} recalled)")
-            shift = {None: "n/a", False: "off", True: "on"}[line["logit_shift"]]
+            shift = {None: "n/a", False: "off", True: "on"}.get(line["logit_shift"],
+                                                                str(line["logit_shift"]))
             curve = ", ".join(f"{s}: {b:.2f}" for s, b in line["curve"])
             out.append(f"| {line['family']} | {line['run']} | {shift} | {line['steps']} | "
                        f"{line['bpb']:.3f} | {ratio} | {within if within is not None else 'never'}"
