@@ -89,9 +89,8 @@ _SHIFTED_FAMILIES = ("mdlm", "bd3lm", "scdd")
 def resolve_logit_shift(config: dict, strategy) -> str | None:
     """``strategy.logit_shift: null`` (the masked families that offer it): true when
     fine-tuning a causal checkpoint — its head predicts the next token, and reading it that way
-    keeps what it learned (docs/logit_shift.md: an AR checkpoint adapted to bd3lm, 97.5% vs 0%
-    exact match after 100 steps) — the export's own value for a checkpoint of a family that
-    records it, false from scratch. Written into the strategy and ``config`` in place; returns
+    keeps what it learned (the measurement: docs/logit_shift.md) — the export's own value for a
+    checkpoint of a family that records it, false from scratch. Written into the strategy and ``config`` in place; returns
     the ``key=value`` it filled in, or None."""
     if strategy.config.get("logit_shift", False) is not None:
         return None
