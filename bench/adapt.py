@@ -434,13 +434,15 @@ def run_benchmark(args) -> list[dict]:
     for family in families:
         shifts = [False, True] if args.logit_shift and family in SHIFTABLE else [None]
         for shift in shifts:
-            extra = {"strategy.logit_shift": True} if shift else {}
-            tag = f"adapt-{family}" + ("-shift" if shift else "")
+            extra = {**({"strategy.logit_shift": True} if shift else {}), **args.adapt_set}
+            tag = f"adapt-{family}" + ("-shift" if shift else "") + "".join(
+                f"-{k}={v}" for k, v in args.adapt_set.items())
             run_dir = work / tag
             wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
                                    "strategy.name": family, "model.name": checkpoint, **extra},
                          args.threads, work / f"{tag}.log")
-            emit(record("adapted", family, run_dir, wall, ar_bpb, ar_recalled))
+            emit({**record("adapted", family, run_dir, wall, ar_bpb, ar_recalled),
+                  "overrides": args.adapt_set})
         if args.no_scratch:
             continue
         run_dir = work / f"scratch-{family}"
@@ -484,8 +486,10 @@ def table(lines: list[dict]) -> str:
                         else f"({line['recalled']} recalled)")
             shift = {None: "n/a", False: "off", True: "on"}.get(line["logit_shift"],
                                                                 str(line["logit_shift"]))
+            init = line["run"] + "".join(f", {k}={v}" for k, v in
+                                         (line.get("overrides") or {}).items())
             curve = ", ".join(f"{s}: {b:.2f}" for s, b in line["curve"])
-            out.append(f"| {line['family']} | {line['run']} | {shift} | {line['steps']} | "
+            out.append(f"| {line['family']} | {init} | {shift} | {line['steps']} | "
                        f"{line['bpb']:.3f} | {ratio} | {within if within is not None else 'never'}"
                        f" | {retained} | {curve} | {line['train_wall_s']:.0f} | "
                        f"{line['load_avg'][2]:.1f} |")
@@ -525,6 +529,9 @@ def parse_args(argv=None):
     p.add_argument("--logit-shift", action="store_true",
                    help=f"also adapt {', '.join(SHIFTABLE)} with strategy.logit_shift=true")
     p.add_argument("--no-scratch", action="store_true", help="skip the from-scratch runs")
+    p.add_argument("--adapt-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dlmkit train setting for the adapted runs instead of the fine-tuning "
+                        "default (a control, e.g. train.lr=1e-3); recorded in each line")
     p.add_argument("--reuse-pretrain", action="store_true",
                    help="use the pretrained AR model an earlier run left in --work (its batch: "
                         "the new lines join that run's table)")
@@ -544,6 +551,17 @@ def parse_args(argv=None):
                 "and dflash are not adapted here: see docs/adapt.md)")
     if args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
+    settings = {}
+    for item in args.adapt_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key or "/" in item:
+            p.error(f"--adapt-set must be KEY=VALUE (a dlmkit train setting, no '/'), got "
+                    f"{item!r}")
+        try:
+            settings[key] = json.loads(value)
+        except json.JSONDecodeError:
+            settings[key] = value
+    args.adapt_set = settings
     return args
 
 

@@ -118,6 +118,9 @@ def test_table_renders_the_newest_batch(tmp_path):
         _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.5], [8, 2.0]]),
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
               curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8),
+        _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
+              retained=0, ar_recalled=1, steps_within_10pct=None,
+              overrides={"train.lr": 0.001}),
         _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
               curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
     ]
@@ -128,6 +131,7 @@ def test_table_renders_the_newest_batch(tmp_path):
     text = adapt.write_table(results, doc)
     assert "9.000" not in text  # batch B1 is older
     assert "| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 4: 2.30, 8: 2.10 |" in text
+    assert "| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |" in text
     assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |" in text
     page = doc.read_text()
     assert page.startswith("intro\n") and page.endswith("outro\n") and "old" not in page
