@@ -103,4 +103,6 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
         else:
             value = True
     strategy.config["logit_shift"] = config["strategy"]["logit_shift"] = value
+    if config["train"]["regime"] != "finetune":
+        return None  # from scratch there is no head to keep: nothing worth a word
     return f"strategy.logit_shift={str(value).lower()}"
