@@ -64,8 +64,8 @@ def resolve_regime(config: dict, strategy) -> str:
     forced = "" if regime == detected else f"; train.regime={regime} overrides it"
     line = f"train.regime={regime}: model.name {config['model']['name']!r} is {what}{forced}"
     if filled:
-        line += (f"; {strategy.name}'s {regime} defaults: {', '.join(filled)} (set the key to "
-                 "change one)")
+        line += (f"; {strategy.name}'s {regime} defaults: {', '.join(filled)} (set "
+                 "train.<key> / strategy.<key> to change one)")
     return line
 
 
