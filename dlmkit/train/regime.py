@@ -90,8 +90,8 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
     """``strategy.logit_shift: null`` (the masked families that offer it): true when
     fine-tuning a causal checkpoint — its head predicts the next token, and reading it that way
     keeps what it learned (the measurement: docs/logit_shift.md) — the export's own value for a
-    checkpoint of a family that records it, false from scratch. Written into the strategy and ``config`` in place; returns
-    the ``key=value`` it filled in, or None."""
+    checkpoint of a family that records it, false from scratch. Written into the strategy and
+    ``config`` in place; returns the ``key=value`` to announce when fine-tuning, else None."""
     if strategy.config.get("logit_shift", False) is not None:
         return None
     value = False
