@@ -64,8 +64,8 @@ def resolve_regime(config: dict, strategy) -> str:
     forced = "" if regime == detected else f"; train.regime={regime} overrides it"
     line = f"train.regime={regime}: model.name {config['model']['name']!r} is {what}{forced}"
     if filled:
-        line += (f"; {strategy.name}'s {regime} defaults: {', '.join(filled)} (set the key to "
-                 "change one)")
+        line += (f"; {strategy.name}'s {regime} defaults: {', '.join(filled)} (set "
+                 "train.<key> / strategy.<key> to change one)")
     return line
 
 
@@ -90,8 +90,8 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
     """``strategy.logit_shift: null`` (the masked families that offer it): true when
     fine-tuning a causal checkpoint — its head predicts the next token, and reading it that way
     keeps what it learned (the measurement: docs/logit_shift.md) — the export's own value for a
-    checkpoint of a family that records it, false from scratch. Written into the strategy and ``config`` in place; returns
-    the ``key=value`` it filled in, or None."""
+    checkpoint of a family that records it, false from scratch. Written into the strategy and
+    ``config`` in place; returns the ``key=value`` to announce when fine-tuning, else None."""
     if strategy.config.get("logit_shift", False) is not None:
         return None
     value = False
@@ -103,4 +103,6 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
         else:
             value = True
     strategy.config["logit_shift"] = config["strategy"]["logit_shift"] = value
+    if config["train"]["regime"] != "finetune":
+        return None  # from scratch there is no head to keep: nothing worth a word
     return f"strategy.logit_shift={str(value).lower()}"
