@@ -147,7 +147,9 @@ def build_policy(config: dict, world: World) -> Policy:
 
 
 def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
-    """One rollout batch and its ``updates_per_rollout`` optimizer steps; returns metrics."""
+    """One rollout batch and its ``updates_per_rollout`` optimizer steps; returns its metrics
+    (``rollout_s``, ``update_s``: this rank's seconds; ``tokens``: completion tokens, all
+    ranks)."""
     ro, o, t = config["rollout"], config["objective"], config["train"]
     G = ro["group_size"]
     model = p.model
@@ -232,8 +234,7 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
             "advantage_abs": g[6] / n, "kl": g[1] / (n * updates),
             "clip_fraction": g[2] / (n * updates), "ratio": g[3] / (n * updates),
             "completion_tokens": g[9] / n, "grad_norm": grad_norm,
-            "rollout_s": rollout_s, "update_s": update_s,
-            "tokens_per_s": g[9] / max(rollout_s + update_s, 1e-9)}
+            "rollout_s": rollout_s, "update_s": update_s, "tokens": g[9]}
 
 
 def export_policy(run_dir: Path, p: Policy, config: dict, world: World) -> Path:
@@ -344,14 +345,21 @@ def _run(config: dict, world: World, resume: bool, overwrite: bool, held: dict) 
                                            resume_step=start)
     progress = Progress(enabled=world.is_main, show_steps=t["progress"], total=t["steps"],
                         initial=start, desc=f"rl {p.family}")
+    window = dict.fromkeys(("rollout_s", "update_s", "tokens"), 0.0)
     for step in range(start, t["steps"]):
         stats = rl_step(step, p, config, world)
+        for key in window:  # the record's seconds and throughput: since the previous record
+            window[key] += stats.pop(key)
         done = step + 1
         if done % t["log_every"] == 0 or done == t["steps"]:
+            seconds = window["rollout_s"] + window["update_s"]
             record = {"split": "train", "step": done, "lr": p.scheduler.get_last_lr()[0],
-                      **stats}
+                      **stats, "rollout_s": window["rollout_s"],
+                      "update_s": window["update_s"],
+                      "tokens_per_s": window["tokens"] / max(seconds, 1e-9)}
             metrics.write(record)
             progress.logged(done, record)
+            window = dict.fromkeys(window, 0.0)
         if done % t["save_every"] == 0 or done == t["steps"]:
             save_checkpoint(run_dir, done, p.model, p.optimizer, p.scheduler, world,
                             config=config)
