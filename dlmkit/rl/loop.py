@@ -105,11 +105,14 @@ def build_policy(config: dict, world: World) -> Policy:
     options = loaded.meta.get("options") or {}
     try:
         estimator = estimator_for(strategy_cls, options, config, loaded.tokenizer)
-        name, sampler_opts = sampler_options(config)
-        sampler_cfg = loaded.config(name, **sampler_opts)
         reward = resolve_reward(config["reward"]["function"], config["reward"]["pattern"])
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    try:
+        name, sampler_opts = sampler_options(config)
+        sampler_cfg = loaded.config(name, **sampler_opts)
+    except ValueError as err:  # the rollout's seed is not an option there (see rollout.py)
+        raise ConfigError(f"rollout.sampler: {err}") from None
     records = load_prompts(config)
     ro = config["rollout"]
     if ro["prompts_per_step"] % world.world_size:

@@ -108,6 +108,9 @@ def test_config_errors_name_the_key(policy, tmp_path):
         config_for(path, tmp_path, f"reference={path}")
     with pytest.raises(ConfigError, match="'one_step' is for masked-diffusion families"):
         run(config_for(path, tmp_path / "h", "objective.estimator=one_step"))
+    with pytest.raises(ConfigError, match=r"rollout.sampler: sampler 'bd3lm' does not use "
+                                          r"option\(s\) \['pad_to'\]"):
+        run(config_for(policy("bd3lm", 2), tmp_path / "b", "rollout.sampler.pad_to=12"))
     done = run(config_for(policy("mdlm"), tmp_path / "done", "train.steps=1"))
     with pytest.raises(ConfigError, match=r"--set objective.kl_beta would change what the run"):
         resume_config(done, ["objective.kl_beta=1"])
