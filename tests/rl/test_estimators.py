@@ -95,7 +95,7 @@ def test_causal_score_is_exact_log_p():
     model = JointModel(joint, "causal")
     est = estimator("causal", "elbo")
     noise = est.draw(P, N, torch.Generator().manual_seed(0))
-    got = float(est.score(model, [(PROMPT, CONT)], [noise])[0])
+    got = float(est.score(model, [(PROMPT, CONT)], [noise])[0].detach())
     assert got == pytest.approx(log_prob(joint, SEQ, P), abs=1e-5)
 
 
