@@ -285,11 +285,15 @@ def bits_per_byte(loaded, records: list[dict], mc_samples: int) -> float:
                                                                 pad_id=tok.pad_token_id))
         else:
             block = loaded.meta.get("block_size") if scorer == "block_elbo" else None
+            # A model trained with strategy.logit_shift reads token i from output i - 1: the
+            # scorer must read it the same way (the sampler config has the trained value).
+            shift = loaded.config(None).logit_shift
             for i, (prompt, cont) in enumerate(rows):
                 # The same draws at every checkpoint: the curve's steps differ by the model.
                 g = torch.Generator().manual_seed(1_000_003 + i)
                 total += elbo(scorer, runner, prompt, cont, mask_id=tok.mask_token_id,
-                              samples=mc_samples, generator=g, block_size=block)
+                              samples=mc_samples, generator=g, block_size=block,
+                              logit_shift=shift)
     n_bytes = sum(len(r["response"].encode()) for r in records)
     return -total / math.log(2) / n_bytes
 
@@ -378,7 +382,8 @@ def run_benchmark(args) -> list[dict]:
         start = time.perf_counter()
         s = score_run(run_dir, held_out, probe, size.mc_samples)
         trained, chosen = steps_of(run_dir)
-        line = {**base, "run": kind, "family": family, "logit_shift": s["logit_shift"],
+        line = {**base, "run": kind, "family": family, "run_dir": run_dir.name,
+                "logit_shift": s["logit_shift"],
                 "params": s["params"], "steps": trained, "final_step": chosen, "bpb": s["bpb"],
                 "curve": s["curve"], "recalled": len(s["recalled"]),
                 "train_wall_s": round(wall, 1),
@@ -451,6 +456,62 @@ def run_benchmark(args) -> list[dict]:
                      args.threads, work / f"scratch-{family}.log")
         emit(record("scratch", family, run_dir, wall, ar_bpb, None))
     return lines
+
+
+def run_dir_of(work: Path, line: dict) -> Path:
+    """The run directory a results line was measured on (lines name it; older ones by kind)."""
+    if line.get("run_dir"):
+        return work / line["run_dir"]
+    if line["run"] == "pretrain":
+        return work / "pretrain-ar"
+    suffix = "".join(f"-{k}={v}" for k, v in (line.get("overrides") or {}).items())
+    return work / (f"adapt-{line['family']}{suffix}" if line["run"] == "adapted"
+                   else f"scratch-{line['family']}")
+
+
+def rescore(args) -> list[dict]:
+    """Score the runs of ``--work``'s batch again (after a fix to the scoring) and replace
+    their scores in ``--results`` in place; what training measured (steps, wall time, load)
+    is kept, ``rescored_commit`` says which code scored them."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    size = SIZES[args.size]
+    work = Path(args.work).expanduser() if args.work else \
+        Path(args.cache).expanduser() / "runs" / args.size
+    saved = work / "pretrain-ar" / "bench.json"
+    if not saved.is_file():
+        raise SystemExit(f"bench/adapt.py --rescore: no {saved}; nothing of --size {args.size} "
+                         f"was run in {work}")
+    batch = json.loads(saved.read_text())["batch_id"]
+    data = {name: [json.loads(x) for x in (work / "data" / f"{name}.jsonl").open()]
+            for name in ("held_out", "probe")}
+    held_out, probe = data["held_out"][:size.eval_entries], data["probe"][:size.probe_entries]
+    results = Path(args.results)
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    mine = [line for line in lines if line.get("batch_id") == batch]
+    if not any(line["run"] == "pretrain" for line in mine):
+        raise SystemExit(f"bench/adapt.py --rescore: {results} has no pretrain line of batch "
+                         f"{batch}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    ar_bpb, ar_recalled = None, set()
+    for line in sorted(mine, key=lambda x: x["run"] != "pretrain"):
+        s = score_run(run_dir_of(work, line), held_out, probe, size.mc_samples)
+        line.update(bpb=s["bpb"], curve=s["curve"], recalled=len(s["recalled"]),
+                    logit_shift=s["logit_shift"], params=s["params"], rescored_commit=commit)
+        if line["run"] == "pretrain":
+            ar_bpb, ar_recalled = s["bpb"], set(s["recalled"])
+            continue
+        line["ar_bpb"] = ar_bpb
+        line["steps_within_10pct"] = next(
+            (step for step, bpb in s["curve"] if bpb <= 1.1 * ar_bpb), None)
+        if line["run"] == "adapted":
+            line["retained"] = len(ar_recalled & set(s["recalled"]))
+            line["ar_recalled"] = len(ar_recalled)
+        print(json.dumps(line), flush=True)
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return mine
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -541,6 +602,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch threads per run")
     p.add_argument("--results", default=str(RESULTS),
                    help="JSON lines file to append to ('' = none)")
+    p.add_argument("--rescore", action="store_true",
+                   help="score the runs of --work's batch again and replace their scores in "
+                        "--results (after a fix to the scoring)")
     p.add_argument("--table", action="store_true",
                    help="only rewrite docs/adapt.md's tables from --results")
     p.add_argument("--doc", default=str(DOC), help="the page --table rewrites")
@@ -569,6 +633,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.table:
         print(write_table(Path(args.results), Path(args.doc)))
+        return 0
+    if args.rescore:
+        rescore(args)
         return 0
     run_benchmark(args)
     return 0

@@ -176,3 +176,11 @@ def test_smoke_size_end_to_end(tmp_path):
     assert (more["run"], more["family"], more["batch_id"]) == ("adapted", "idlm",
                                                                pre["batch_id"])
     assert more["ar_bpb"] == pre["bpb"] and more["ar_recalled"] == pre["recalled"]
+
+    # --rescore scores the batch's runs again in place: the same draws, the same numbers.
+    again = bench("--rescore")
+    assert len(again) == len(lines) + 1
+    for old, new in zip([*lines, more], again):
+        assert new["rescored_commit"]
+        assert (new["bpb"], new["curve"], new["recalled"]) == (old["bpb"], old["curve"],
+                                                               old["recalled"])
