@@ -218,12 +218,13 @@ class Estimator:
 ESTIMATORS = ("elbo", "one_step")
 
 
-def estimator_for(strategy_cls, options: dict, config: dict, tokenizer) -> Estimator:
-    """The estimator ``config["objective"]`` asks for, for an export of ``strategy_cls`` trained
-    with strategy ``options`` (``dlmkit.json``)."""
+def estimator_for(strategy_cls, meta: dict, config: dict, tokenizer) -> Estimator:
+    """The estimator ``config["objective"]`` asks for, for an export of ``strategy_cls`` whose
+    ``dlmkit.json`` is ``meta`` (its trained block and ``logit_shift``)."""
     o = config["objective"]
+    options = meta.get("options") or {}
     return Estimator(strategy_cls.likelihood, o["estimator"], mask_id=tokenizer.mask_token_id,
                      vocab_size=tokenizer.vocab_size, family=strategy_cls.name,
-                     block_size=options.get("block_size"),
-                     logit_shift=bool(options.get("logit_shift", False)),
+                     block_size=options.get("block_size", meta.get("block_size")),
+                     logit_shift=strategy_cls.trained_logit_shift(meta, {}),
                      samples=o["samples"], prompt_mask_prob=o["prompt_mask_prob"])

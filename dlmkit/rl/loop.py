@@ -102,9 +102,8 @@ def build_policy(config: dict, world: World) -> Policy:
         raise ConfigError(f"policy {config['policy']}: its dlmkit.json names no dlmkit family "
                           f"(strategy {family!r}); rl starts from an export of `dlmkit train`")
     strategy_cls = strategies.get(family)
-    options = loaded.meta.get("options") or {}
     try:
-        estimator = estimator_for(strategy_cls, options, config, loaded.tokenizer)
+        estimator = estimator_for(strategy_cls, loaded.meta, config, loaded.tokenizer)
         reward = resolve_reward(config["reward"]["function"], config["reward"]["pattern"])
     except ValueError as err:
         raise ConfigError(str(err)) from None

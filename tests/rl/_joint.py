@@ -44,12 +44,14 @@ class JointModel(torch.nn.Module):
     """``model(input_ids=...) -> .logits [B, T, V + 1]``: at each masked position the log of
     the joint's conditional given what the layout lets it see (``masked``: every unmasked
     token; ``block``: over ``[x_t | x_0]``, the clean earlier blocks and the unmasked tokens of
-    its own block; ``causal``: position ``j`` predicts ``j + 1`` from ``x_{<=j}``). ``scale``
+    its own block; ``causal``: position ``j`` predicts ``j + 1`` from ``x_{<=j}``), written at
+    the row before with ``shift`` (``logit_shift``). ``scale``
     multiplies the logits (a parameter to take gradients in)."""
 
-    def __init__(self, joint: torch.Tensor, layout: str, block_size: int | None = None):
+    def __init__(self, joint: torch.Tensor, layout: str, block_size: int | None = None,
+                 shift: bool = False):
         super().__init__()
-        self.joint, self.layout, self.block_size = joint, layout, block_size
+        self.joint, self.layout, self.block_size, self.shift = joint, layout, block_size, shift
         self.scale = torch.nn.Parameter(torch.ones((), dtype=torch.float64))
         self.config = SimpleNamespace(_attn_implementation="sdpa")
         self.rows = 0
@@ -78,7 +80,12 @@ class JointModel(torch.nn.Module):
                             if j // self.block_size < blk and ids[L + j] != MASK}
                     seen.update({j: ids[j] for j in range(L)
                                  if j // self.block_size == blk and ids[j] != MASK})
-                out[b, i, :V] = torch.log(conditional(self.joint, i, seen))
+                row = i
+                if self.shift:  # logit_shift: read from the row before (a block's first
+                    # token: the clean stream's row before it)
+                    row = L + i - 1 if self.layout == "block" and i % self.block_size == 0 \
+                        else i - 1
+                out[b, row, :V] = torch.log(conditional(self.joint, i, seen))
         return SimpleNamespace(logits=(out * self.scale).float())
 
 

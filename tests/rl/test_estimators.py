@@ -55,10 +55,11 @@ def masked_outcomes(spans):
         yield prob, Noise(masked, weight, torch.zeros(1, P, dtype=torch.bool))
 
 
-def test_masked_elbo_expectation_is_log_p_for_exact_conditionals():
+@pytest.mark.parametrize("shift", [False, True])
+def test_masked_elbo_expectation_is_log_p_for_exact_conditionals(shift):
     joint = random_joint(len(SEQ))
-    model = JointModel(joint, "masked")
-    est = estimator("masked_elbo", "elbo")
+    model = JointModel(joint, "masked", shift=shift)
+    est = estimator("masked_elbo", "elbo", logit_shift=shift)
     exact = log_prob(joint, SEQ, P)
     assert expectation(est, model, masked_outcomes([(0, N)])) == pytest.approx(exact, abs=1e-5)
 
@@ -79,10 +80,11 @@ def test_masked_elbo_draws_average_to_the_expectation():
     assert mc == pytest.approx(log_prob(joint, SEQ, P), abs=0.1)
 
 
-def test_block_elbo_expectation_is_log_p_for_exact_conditionals():
+@pytest.mark.parametrize("shift", [False, True])
+def test_block_elbo_expectation_is_log_p_for_exact_conditionals(shift):
     joint = random_joint(len(SEQ), seed=1)
-    model = JointModel(joint, "block", block_size=2)
-    est = estimator("block_elbo", "elbo", block_size=2)
+    model = JointModel(joint, "block", block_size=2, shift=shift)
+    est = estimator("block_elbo", "elbo", block_size=2, logit_shift=shift)
     # blocks from position 0: [x0 x1 | x2 x3]: completion spans [0, 1) and [1, 3)
     assert est._blocks(P, N) == [(0, 1), (1, 3)]
     exact = log_prob(joint, SEQ, P)
