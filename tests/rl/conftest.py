@@ -1,18 +1,9 @@
 import json
 
 import pytest
-import torch
 
+from tests.generate.conftest import one_thread  # noqa: F401 (autouse: one intra-op thread)
 from tests.generate.helpers import TOK, tiny_model
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards: a second intra-op thread only adds contention on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -9,24 +9,17 @@ import threading
 import time
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 
+from tests.generate.conftest import one_thread  # noqa: F401 (autouse: one intra-op thread)
 from tests.generate.helpers import TOK, tiny_model  # noqa: E402
 
 BLOCK = {"bd3lm": 4, "hybrid": 4, "idlm": 3, "mdlm": None, "scdd": None, "ar": None}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny forwards on a shared 2-core machine: a second intra-op thread only contends."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
