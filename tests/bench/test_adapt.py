@@ -184,3 +184,31 @@ def test_smoke_size_end_to_end(tmp_path):
         assert new["rescored_commit"]
         assert (new["bpb"], new["curve"], new["recalled"]) == (old["bpb"], old["curve"],
                                                                old["recalled"])
+
+
+def test_elbo_reads_the_trained_logit_shift(monkeypatch):
+    """A model trained with strategy.logit_shift is scored with the shifted ELBO (the scores
+    of such runs were once read unshifted)."""
+    import types
+
+    import torch
+
+    import dlmkit.generate.likelihood as likelihood
+    from dlmkit.data import load_tokenizer
+
+    adapt = _module()
+    seen = []
+
+    def fake_elbo(scorer, runner, prompt, cont, **kw):
+        seen.append((scorer, kw.get("logit_shift", False)))  # elbo's default
+        return -float(len(cont))
+
+    monkeypatch.setattr(likelihood, "elbo", fake_elbo)
+    for shift in (True, False):
+        loaded = types.SimpleNamespace(
+            tokenizer=load_tokenizer("byte"), meta={"strategy": "mdlm"},
+            model=torch.nn.Linear(1, 1),
+            config=lambda sampler, shift=shift: types.SimpleNamespace(logit_shift=shift))
+        bpb = adapt.bits_per_byte(loaded, [{"prompt": "A, n.", "response": "abcd"}], 2)
+        assert bpb == pytest.approx(1 / math.log(2))  # 1 nat per byte
+    assert seen == [("masked_elbo", True), ("masked_elbo", False)]
