@@ -55,7 +55,7 @@ from .precision import (
 )
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress, data_summary
-from .regime import lora_warning, resolve_regime
+from .regime import lora_warning, resolve_regime, small_checkpoint_warning
 from .resume import ResumePlan, data_fingerprints, plan_resume, record_data_files
 from .rundir import check_new_run_dir, check_writable, create_run_dir, lock_run_dir
 from .truncation import apply_length_cap
@@ -520,6 +520,7 @@ def build_components(config: dict, world: World) -> Components:
     config["strategy"] = {"name": strategy.name, **strategy.config}
     # The model too: ``model.name: null`` means the family's default preset, which may change.
     config["model"]["name"] = config["model"]["name"] or strategy.default_model
+    lr_unset = t["lr"] is None
     try:
         regime_line = resolve_regime(config, strategy)  # lr, weight decay, ... of the regime
     except ValueError as err:
@@ -552,6 +553,9 @@ def build_components(config: dict, world: World) -> Components:
     model = build_trained_model(config, strategy, tokenizer.vocab_size, attention,
                                 world.device)
     strategy.setup(world.device)  # frozen auxiliary models: not wrapped, not optimised
+    small = small_checkpoint_warning(config, model, lr_unset)
+    if small:
+        budget_report += (small,)
     for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
             strategy.check_dataset(dataset, collator.max_seq_len)

@@ -106,3 +106,22 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
     if config["train"]["regime"] != "finetune":
         return None  # from scratch there is no head to keep: nothing worth a word
     return f"strategy.logit_shift={str(value).lower()}"
+
+
+# The fine-tuning lr (1e-5) is the field's rate for checkpoints of 0.6 B-8 B parameters; below
+# this size it barely moves the weights (docs/finetuning.md: a 0.7 M checkpoint adapted at 1e-5
+# lost to training from scratch, at 1e-3 it won).
+SMALL_CHECKPOINT = 50_000_000
+
+
+def small_checkpoint_warning(config: dict, model, lr_unset: bool) -> str | None:
+    """A warning when the fine-tuning default lr meets a small checkpoint."""
+    if config["train"]["regime"] != "finetune" or not lr_unset:
+        return None
+    count = sum(p.numel() for p in model.parameters())
+    if count >= SMALL_CHECKPOINT:
+        return None
+    return (f"warning: train.lr={config['train']['lr']:g} is the fine-tuning default for "
+            f"checkpoints of 0.5 B+ parameters; this one has {count / 1e6:.1f} M, and at this "
+            "size it barely moves the weights (docs/finetuning.md): set train.lr, e.g. near the "
+            "from-scratch rate")

@@ -61,11 +61,15 @@ def test_a_checkpoint_gets_the_fine_tuning_defaults():
     assert c.optimizer.param_groups[0]["lr"] == pytest.approx(f["lr"] / t["warmup_steps"])
     assert "a pretrained checkpoint, fine-tuned" in c.budget_report[0]
     assert "epochs=3" in c.budget_report[0]
+    assert any(line.startswith("warning: train.lr=1e-05 is the fine-tuning default for "
+                               "checkpoints of 0.5 B+ parameters; this one has 0.") for line in
+               c.budget_report)  # the tiny target: well under 50 M parameters
 
 
 def test_what_the_user_sets_wins_and_the_regime_can_be_forced():
     cfg = config(f"model.name={tiny_target()}", "train.lr=3e-4", "train.steps=7")
-    build_components(cfg, CPU)
+    c = build_components(cfg, CPU)
+    assert not any("warning: train.lr" in line for line in c.budget_report)  # the user's lr
     assert (cfg["train"]["lr"], cfg["train"]["steps"], cfg["train"]["weight_decay"]) == (
         3e-4, 7, 0.0)
     forced = config(f"model.name={tiny_target()}", "train.regime=scratch")
