@@ -373,7 +373,7 @@ class _Terminated(KeyboardInterrupt):
 class _StopRequest:
     """SIGINT / SIGTERM during a run. Before the step loop (building data and model: nothing to
     save) it raises at once; inside it the first signal only asks the loop to stop after the
-    step in progress, which saves a checkpoint there (:func:`_stop_if_asked`); a second
+    step in progress, which saves a checkpoint there (:func:`_stop_asked`); a second
     signal raises at once."""
 
     def __init__(self) -> None:
@@ -559,8 +559,7 @@ def build_components(config: dict, world: World) -> Components:
     for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
             strategy.check_dataset(dataset, collator.max_seq_len)
-    model = wrap_model(model, world, t["distributed"],
-                       mp_policy=fsdp_policy(resolve_precision(config, world.device)))
+    model = wrap_model(model, world, t["distributed"], mp_policy=fsdp_policy(precision))
     # Frozen weights (LoRA's base) get no optimizer state.
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.dim() >= 2]
@@ -686,6 +685,9 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
                         initial=start, desc=f"train {strategy.name}")
     status.step = start
     window_tokens, window_start = 0, time.perf_counter()
+    def save(step: int) -> None:
+        save_checkpoint(run_dir, step, model, optimizer, scheduler, world, config=config, ema=ema)
+
     last = start
     if status.stop is not None:
         status.stop.deferred = True
@@ -717,14 +719,12 @@ def _run(config: dict, world: World, plan: ResumePlan | None, overwrite: bool,
         # The last step is saved too: `--resume --set train.steps=N` extends a finished run.
         saved = done % t["save_every"] == 0 or done == t["steps"] or stopped
         if saved:
-            save_checkpoint(run_dir, done, model, optimizer, scheduler, world, config=config,
-                            ema=ema)
+            save(done)
         progress.advance()
-        asked = _stop_asked(status.stop, world)
+        asked = _stop_asked(status.stop, world)  # Ctrl-C / SIGTERM during the step or its save
         if asked:
             if not saved:
-                save_checkpoint(run_dir, done, model, optimizer, scheduler, world,
-                                config=config, ema=ema)
+                save(done)
             raise _Terminated() if asked == signal.SIGTERM else KeyboardInterrupt()
         last = done
         if stopped:
