@@ -33,7 +33,7 @@ from dlmkit.train.distributed import (
     shutdown,
     wrap_model,
 )
-from dlmkit.train.metrics import MetricsLog
+from dlmkit.train.metrics import MetricsLog, plot_curves
 from dlmkit.train.precision import Precision, autocast
 from dlmkit.train.preflight import check_device
 from dlmkit.train.progress import Progress
@@ -261,27 +261,9 @@ def export_policy(run_dir: Path, p: Policy, config: dict, world: World) -> Path:
 
 def plot_rl_curves(metrics_path: Path, out_path: Path) -> Path | None:
     """Reward and KL per step (``RUN/reward.png``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines()
-               if line]
-    train = [r for r in records if r.get("split") == "train"]
-    if not train:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    steps = [r["step"] for r in train]
-    ax.plot(steps, [r["reward"] for r in train], label="mean reward")
-    ax.plot(steps, [r["kl"] for r in train], label="KL (k3, per token)")
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-    return Path(out_path)
+    return plot_curves(metrics_path, out_path,
+                       [("train", "reward", "mean reward", {}),
+                        ("train", "kl", "KL (k3, per token)", {})])
 
 
 def default_run_dir() -> Path:

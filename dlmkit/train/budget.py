@@ -42,9 +42,10 @@ def resolve_budget(config: dict, num_train: int, strategy) -> str | None:
 
 
 def resolve_warmup(config: dict, strategy) -> str | None:
-    """Write ``train.warmup_steps`` into ``config`` when unset: ``strategy``'s
-    ``default_warmup_steps``, or when that is None ``WARMUP_FRACTION`` of the resolved
-    ``train.steps``, rounded. Returns a line saying what was chosen, or a warning when the
+    """Write ``train.warmup_steps`` into ``config`` when unset: when fine-tuning, the
+    ``warmup_fraction`` of ``strategy.finetune_defaults``; from scratch ``strategy``'s
+    ``default_warmup_steps``, or when that is None ``WARMUP_FRACTION``; fractions are of the
+    resolved ``train.steps``, rounded. Returns a line saying what was chosen, or a warning when the
     warmup is longer than the run (it is kept: a smoke test with ``train.steps=1`` over a
     config file's warmup is legitimate), else None."""
     t = config["train"]

@@ -1,8 +1,8 @@
 """Training configuration: YAML + ``--set key.sub=value`` overrides, validated up front.
 
 The embedded default (no config file) trains a tiny Llama with BD3-LM block diffusion on the
-bundled ``reverse`` task on the CPU in about a minute. Unknown keys are errors that list the
-valid ones.
+bundled ``reverse`` task on the CPU in a few minutes (early stopping ends it once the task is
+learned). Unknown keys are errors that list the valid ones.
 """
 
 from __future__ import annotations

@@ -47,27 +47,40 @@ class MetricsLog:
             self.board = None
 
 
-def plot_loss_curve(metrics_path: Path, out_path: Path) -> Path | None:
+def plot_curves(metrics_path: Path, out_path: Path, series, *, ylabel: str | None = None,
+                log_scale: bool = False) -> Path | None:
+    """A PNG of ``metrics.jsonl``'s records against their step: ``series`` holds
+    ``(split, key, label, plot_kwargs)`` per line. None (nothing written) when the file has no
+    training record."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line]
-    train = [(r["step"], r["loss"]) for r in records if r.get("split") == "train"]
-    val = [(r["step"], r["loss"]) for r in records if r.get("split") == "validation"]
-    if not train:
+    if not any(r.get("split") == "train" for r in records):
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(*zip(*train), label="train", linewidth=1)
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation")
+    for split, key, label, kwargs in series:
+        points = [(r["step"], r[key]) for r in records if r.get("split") == split]
+        if points:
+            ax.plot(*zip(*points), label=label, **kwargs)
     ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_yscale("log")
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if log_scale:
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return Path(out_path)
+
+
+def plot_loss_curve(metrics_path: Path, out_path: Path) -> Path | None:
+    """Train and validation loss (``RUN/loss.png``)."""
+    return plot_curves(metrics_path, out_path,
+                       [("train", "loss", "train", {"linewidth": 1}),
+                        ("validation", "loss", "validation", {"marker": "o"})],
+                       ylabel="loss", log_scale=True)
