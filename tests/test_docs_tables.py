@@ -136,3 +136,21 @@ def test_every_relative_link_in_the_readme_and_docs_resolves():
             elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
                 broken.append(f"{where}: no heading #{anchor} in {file.relative_to(ROOT)}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_readme_is_a_front_page_with_every_family():
+    """Before: 476 lines, its own-data guide at line 287 and no link per family."""
+    from dlmkit.strategies import names
+
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; the front page keeps <= 150"
+    make = (ROOT / "Makefile").read_text()
+    for target in ("demo", "test"):
+        assert re.search(rf"^{target}:", make, re.MULTILINE), f"Makefile has no {target} target"
+        assert any(line.startswith(f"make {target}   # ") for line in lines), target
+    assert lines.index("## Train on your own data") < lines.index("## Families")
+    for family in names():
+        row = [line for line in lines if line.startswith(f"| `{family}`")]
+        assert len(row) == 1, f"README's families table has {len(row)} rows for {family}"
+        assert f"(docs/families/{family}.md)" in row[0], f"{family}'s row links no page"
