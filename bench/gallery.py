@@ -52,6 +52,33 @@ def render(mask, path: Path, block_size: int, max_cells: int) -> None:
     plt.close(fig)
 
 
+TITLES = {
+    "engine": "## Engine: the masks the dLLM families train and decode with "
+              "(`dlmkit.masks`)",
+    "catalogue": "## Catalogue: the patterns no family uses (`dlmkit.masks.catalogue`)",
+}
+
+
+def picture_row(name: str, builder, args) -> tuple[str, int]:
+    """The page's table row for one example, drawing its picture; ``(row, 1)`` when the
+    example fails to build or draw (the row then names the error)."""
+    module = inspect.getmodule(builder)
+    module_name = module.__name__ if module else "?"
+    try:
+        mask = builder(args.seq_len, args.block_size)
+        path = args.out / f"{name}.png"
+        render(mask, path, args.block_size, args.max_cells)
+    except Exception as err:  # noqa: BLE001 - report every broken example, keep going
+        print(f"{name}: FAILED {type(err).__name__}: {err}", file=sys.stderr)
+        return f"| `{name}` | `{module_name}` | - | - | failed: {type(err).__name__} |", 1
+    density = float(mask.dense().float().mean())
+    rel = path.relative_to(args.page.parent) if path.is_relative_to(args.page.parent) \
+        else path
+    print(f"{name}: {path}", file=sys.stderr)
+    return (f"| `{name}` | `{module_name}` | {mask.batch} x {mask.q_len} x {mask.kv_len} | "
+            f"{density:.0%} | ![{name}]({rel.as_posix()}) |"), 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq-len", type=int, default=32)
@@ -63,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated example names")
     args = parser.parse_args(argv)
 
-    from dlmkit.masks.catalog import examples
+    from dlmkit.masks.catalog import PARTS, examples, part_of
 
     known = examples()
     names = [n for n in args.only.split(",") if n] or list(known)
@@ -81,32 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         "    .venv/bin/python bench/gallery.py",
         "",
         "`dlmkit mask show NAME` prints the same examples in the terminal.",
-        "",
-        "| mask | module | batch x queries x keys | density | picture |",
-        "|---|---|---|---|---|",
     ]
     failures = 0
-    for name in names:
-        builder = known[name]
-        module = inspect.getmodule(builder)
-        module_name = module.__name__ if module else "?"
-        try:
-            mask = builder(args.seq_len, args.block_size)
-            path = args.out / f"{name}.png"
-            render(mask, path, args.block_size, args.max_cells)
-        except Exception as err:  # noqa: BLE001 - report every broken example, keep going
-            failures += 1
-            print(f"{name}: FAILED {type(err).__name__}: {err}", file=sys.stderr)
-            lines.append(f"| `{name}` | `{module_name}` | - | - | failed: "
-                         f"{type(err).__name__} |")
+    for part in PARTS:
+        in_part = [n for n in names if part_of(n) == part]
+        if not in_part:
             continue
-        dense = mask.dense()
-        density = float(dense.float().mean())
-        rel = path.relative_to(args.page.parent) if path.is_relative_to(args.page.parent) \
-            else path
-        lines.append(f"| `{name}` | `{module_name}` | {mask.batch} x {mask.q_len} x "
-                     f"{mask.kv_len} | {density:.0%} | ![{name}]({rel.as_posix()}) |")
-        print(f"{name}: {path}", file=sys.stderr)
+        lines += ["", TITLES[part], "",
+                  "| mask | module | batch x queries x keys | density | picture |",
+                  "|---|---|---|---|---|"]
+        for name in in_part:
+            row, failed = picture_row(name, known[name], args)
+            lines.append(row)
+            failures += failed
     args.page.parent.mkdir(parents=True, exist_ok=True)
     args.page.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.page} ({len(names) - failures} pictures, {failures} failed)",

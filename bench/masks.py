@@ -7,9 +7,10 @@ Suites (default: all of them, in this order):
   BlockMask tile 128: ``.block_mask()`` against eager ``create_block_mask`` and
   ``torch.compile(create_block_mask)`` (steady state; the compiling first call apart), then
   ``idlm(...).additive(torch.bfloat16)`` against the naive broadcast builder at 2L = 32768.
-* ``catalogue`` — every example of ``dlmkit.masks.catalog`` at ``--catalogue-seq-lens`` tokens
-  (structural block 128), ours against eager ``create_block_mask`` (skipped where its grid
-  would not fit), with a check that all eight index tensors are equal.
+* ``catalogue`` — every example of ``dlmkit.masks.catalog`` (the engine's masks and those of
+  ``dlmkit.masks.catalogue``) at ``--catalogue-seq-lens`` tokens (structural block 128), ours
+  against eager ``create_block_mask`` (skipped where its grid would not fit), with a check
+  that all eight index tensors are equal.
 * ``scenarios`` — the dLLM layouts at their real sizes (DFlash up to 512 anchors over a
   4096-token context, batch-4 canvases, 64k video windows, packed 8k, 64k decode) and VSA's
   direct builders, ours against eager.

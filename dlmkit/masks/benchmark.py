@@ -1,10 +1,10 @@
 """Build-time and peak-memory measurements of mask construction, ours against torch's.
 
-A *case* is a catalogue example (``dlmkit.masks.catalog``, sized by ``seq_len`` and the
-structural ``block``) or one of the fixed-size :data:`SCENARIOS` below (the dLLM layouts at
-their real sizes, and VSA's direct block-mask builders, which are not ``Mask`` factories).
-Each measurement runs in a fresh subprocess so that its peak resident memory belongs to that
-measurement alone. Methods:
+A *case* is a named example (:mod:`dlmkit.masks.catalog`: the engine's masks and the
+catalogue's, sized by ``seq_len`` and the structural ``block``) or one of the fixed-size
+scenarios of :func:`scenario_names` (the dLLM layouts at their real sizes, and VSA's direct
+block-mask builders, which are not ``Mask`` factories). Each measurement runs in a fresh
+subprocess so that its peak resident memory belongs to that measurement alone. Methods:
 
 * ``ours``           — the factory plus ``mask.block_mask(tile)`` (nothing cached between calls);
 * ``eager``          — ``create_block_mask(mask.mask_mod, ...)`` as shipped (full token grid);
@@ -118,11 +118,11 @@ def _dllm_scenarios() -> dict[str, Callable[[], object]]:
     import torch
 
     from .canvas import canvas
-    from .chunk_causal import chunk_causal, expert_cross, expert_self
+    from .catalogue.chunk_causal import chunk_causal, expert_cross, expert_self
+    from .catalogue.tags import KIND_CLEAN, KIND_GLOBAL, KIND_NOISED, Slot, window_tags
     from .decode import block_diffusion_decode, dflash_decode
     from .dflash import dflash
     from .diffusion import block_diffusion, idlm
-    from .tags import KIND_CLEAN, KIND_GLOBAL, KIND_NOISED, Slot, window_tags
 
     ctx, bs = 4096, 16
 
@@ -181,7 +181,7 @@ def _vsa_target(name: str, seq_len: int, heads: int = 2) -> Target:
     """VSA's direct builders for ``heads`` heads, per-head top-k at 87.5% sparsity."""
     import torch
 
-    from .vsa import (
+    from .catalogue.vsa import (
         _topk_from_scores,
         create_vsa_block_mask,
         create_vsa_flash_block_mask,
@@ -211,7 +211,7 @@ def scenario_names() -> list[str]:
 
 
 def target(name: str, seq_len: int, block: int, tile: int) -> Target:
-    """The case ``name``: a catalogue example at ``(seq_len, block)`` or a fixed scenario (whose
+    """The case ``name``: a named example at ``(seq_len, block)`` or a fixed scenario (whose
     own sizes ignore ``seq_len``/``block``, except VSA's direct builders, sized by seq_len)."""
     from .catalog import examples
 
@@ -223,7 +223,7 @@ def target(name: str, seq_len: int, block: int, tile: int) -> Target:
     scenarios = _dllm_scenarios()
     if name in scenarios:
         return _mask_target(name, scenarios[name], tile)
-    raise ValueError(f"unknown case {name!r}; catalogue: {', '.join(known)}; "
+    raise ValueError(f"unknown case {name!r}; examples: {', '.join(known)}; "
                      f"scenarios: {', '.join(scenario_names())}")
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_positive_int
-from .core import Mask
+from ..checks import check_positive_int
+from ..core import Mask
 
 
 def _check_image_intervals(image_intervals, q_len: int) -> torch.Tensor:

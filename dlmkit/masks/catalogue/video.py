@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from .checks import check_int, check_positive_int
-from .core import Mask
+from ..checks import check_int, check_positive_int
+from ..core import Mask
 from .natten import _in_window, _window_start
 
 

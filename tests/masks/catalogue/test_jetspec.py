@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlmkit.masks.jetspec import jetspec_training, jetspec_tree, tree_ancestor_matrix
+from dlmkit.masks.catalogue.jetspec import jetspec_training, jetspec_tree, tree_ancestor_matrix
 from tests.masks.compare import (
     assert_flex_matches_sdpa,
     assert_matches_create_block_mask,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_int, check_positive_int
-from .core import Mask
+from ..checks import check_int, check_positive_int
+from ..core import Mask
 
 
 def _check_prefix(prefix_length, seq_len: int) -> tuple[torch.Tensor | None, int | None]:

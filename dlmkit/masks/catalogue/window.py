@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from .causal import ALIGNMENTS
-from .checks import check_int, check_positive_int
-from .core import Mask
-from .tiles import FULL, cdiv
+from ..causal import ALIGNMENTS
+from ..checks import check_int, check_positive_int
+from ..core import Mask
+from ..tiles import FULL, cdiv
 
 
 def sliding_window(q_len: int, window: int, kv_len: int | None = None, *,

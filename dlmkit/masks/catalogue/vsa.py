@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from .blocks import block_mask_from_tiles
-from .checks import check_int, check_positive_int
-from .core import Mask
-from .tiles import FULL, PARTIAL
+from ..blocks import block_mask_from_tiles
+from ..checks import check_int, check_positive_int
+from ..core import Mask
+from ..tiles import FULL, PARTIAL
 
 # ---------------------------------------------------------------------------- metadata
 

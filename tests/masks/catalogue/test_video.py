@@ -5,7 +5,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dlmkit.masks.video import EXAMPLES, sta, svg_spatial, svg_temporal
+from dlmkit.masks.catalogue.video import EXAMPLES, sta, svg_spatial, svg_temporal
 from tests.masks.compare import (
     assert_flex_matches_sdpa,
     assert_matches_create_block_mask,

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlmkit.masks.prefix import prefix_lm
+from dlmkit.masks.catalogue.prefix import prefix_lm
 from tests.masks.compare import (
     assert_flex_matches_sdpa,
     assert_matches_create_block_mask,

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
-from dlmkit.masks.vision import flamingo, flamingo_covered_rows
+from dlmkit.masks.catalogue.vision import flamingo, flamingo_covered_rows
 from tests.masks.compare import (
     assert_dense_equals,
     assert_matches_create_block_mask,

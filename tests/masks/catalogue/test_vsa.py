@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_block_mask, create_mask, flex_attention
 
-from dlmkit.masks.vsa import (
+from dlmkit.masks.catalogue.vsa import (
     EXAMPLES,
     VSACoarseResult,
     compute_vsa_coarse_attention,

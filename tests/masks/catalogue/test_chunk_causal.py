@@ -4,8 +4,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlmkit.masks.cache import MaskCache
-from dlmkit.masks.chunk_causal import chunk_causal, expert_cross, expert_self
-from dlmkit.masks.tags import KIND_CLEAN, KIND_GLOBAL, KIND_NOISED, Slot, TokenTags, window_tags
+from dlmkit.masks.catalogue.chunk_causal import chunk_causal, expert_cross, expert_self
+from dlmkit.masks.catalogue.tags import (
+    KIND_CLEAN,
+    KIND_GLOBAL,
+    KIND_NOISED,
+    Slot,
+    TokenTags,
+    window_tags,
+)
 from tests.masks.compare import assert_flex_matches_sdpa, full_check
 from tests.masks.reference import grid, with_padding
 from tests.masks.reference_dllm import chunk_causal_ref, expert_cross_ref, expert_self_ref

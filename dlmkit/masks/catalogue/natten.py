@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_positive_int
-from .core import Mask
+from ..checks import check_positive_int
+from ..core import Mask
 
 LAYOUTS = ("row", "tiled", "morton")
 

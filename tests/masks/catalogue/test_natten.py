@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlmkit.masks.natten import EXAMPLES, natten
+from dlmkit.masks.catalogue.natten import EXAMPLES, natten
 from tests.masks.compare import (
     assert_flex_matches_sdpa,
     assert_matches_create_block_mask,

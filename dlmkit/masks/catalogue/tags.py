@@ -4,8 +4,8 @@ Every position of a token stream carries ``kind`` (``KIND_GLOBAL``: text, condit
 register tokens; ``KIND_NOISED``: latent video tokens being denoised; ``KIND_CLEAN``: the
 clean-context copies of latent video tokens), ``chunk`` (chunk index) and ``frame`` (latent frame
 index, global across chunks). Global tokens carry the sentinel ``-1`` for chunk and frame. The
-three tensors are the whole layout: the masks of :mod:`dlmkit.masks.chunk_causal` are functions
-of them only.
+three tensors are the whole layout: the masks of :mod:`dlmkit.masks.catalogue.chunk_causal` are
+functions of them only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checks import check_int, check_positive_int
+from ..checks import check_int, check_positive_int
 
 KIND_GLOBAL, KIND_NOISED, KIND_CLEAN = 0, 1, 2
 KINDS = {KIND_GLOBAL: "KIND_GLOBAL", KIND_NOISED: "KIND_NOISED", KIND_CLEAN: "KIND_CLEAN"}

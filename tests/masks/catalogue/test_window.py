@@ -3,7 +3,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlmkit.masks.window import dilated_sliding_window, global_sliding_window, sliding_window
+from dlmkit.masks.catalogue.window import (
+    dilated_sliding_window,
+    global_sliding_window,
+    sliding_window,
+)
 from tests.masks.compare import (
     assert_flex_matches_sdpa,
     assert_matches_create_block_mask,

@@ -3,10 +3,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlmkit.masks.catalogue.document import (
+    batchify,
+    document,
+    packed_causal_document,
+    shared_prefix,
+)
+from dlmkit.masks.catalogue.prefix import prefix_lm
 from dlmkit.masks.causal import causal
 from dlmkit.masks.core import Mask
-from dlmkit.masks.document import batchify, document, packed_causal_document, shared_prefix
-from dlmkit.masks.prefix import prefix_lm
 from tests.masks.compare import (
     assert_dense_equals,
     assert_flex_matches_sdpa,

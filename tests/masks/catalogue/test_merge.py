@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import AuxRequest, flex_attention
 
+from dlmkit.masks.catalogue.document import shared_prefix
+from dlmkit.masks.catalogue.merge import merge_attention
 from dlmkit.masks.causal import causal
 from dlmkit.masks.core import Mask
-from dlmkit.masks.document import shared_prefix
-from dlmkit.masks.merge import merge_attention
 
 
 def masked_attention(q, k, v, allowed):

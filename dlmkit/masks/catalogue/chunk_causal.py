@@ -1,4 +1,5 @@
-"""Chunk-causal video/action masks over tagged token streams (see :mod:`dlmkit.masks.tags`).
+"""Chunk-causal video/action masks over tagged token streams (see
+:mod:`dlmkit.masks.catalogue.tags`).
 
 ``chunk_causal(tags)`` — self-attention over one stream of global, clean and noised tokens.
 Query ``q`` may attend key ``k`` iff
@@ -54,10 +55,10 @@ from collections.abc import Callable
 
 import torch
 
-from .cache import MaskCache
-from .checks import check_int
-from .core import Mask
-from .padding import self_attention_mask
+from ..cache import MaskCache
+from ..checks import check_int
+from ..core import Mask
+from ..padding import self_attention_mask
 from .tags import KIND_CLEAN, KIND_GLOBAL, KIND_NOISED, Slot, TokenTags, window_tags
 
 CACHE = MaskCache(max_entries=64)

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .checks import check_int, check_positive_int, int_rows
-from .core import Mask
+from ..checks import check_int, check_positive_int, int_rows
+from ..core import Mask
 
 
 def _check_parents(parent_indices) -> list[int]:

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import torch
 
-from .causal import causal
-from .checks import broadcast_batch, check_ids, check_int, check_positive_int, int_rows
-from .core import Mask
+from ..causal import causal
+from ..checks import broadcast_batch, check_ids, check_int, check_positive_int, int_rows
+from ..core import Mask
 
 
 # ---------------------------------------------------------------------- layouts
