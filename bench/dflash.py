@@ -39,7 +39,7 @@ def decode(target_dir: str, draft_dir: str, task: str, n: int) -> tuple[dict, di
     from dlmkit.data import get_task
     from dlmkit.generate import generate, load
     from dlmkit.generate.api import encode_prompt
-    from dlmkit.generate.speculative import attach_draft
+    from dlmkit.families.dflash.pair import attach_draft
 
     loaded = load(target_dir)
     tok = loaded.tokenizer
@@ -92,7 +92,7 @@ def batched(target_dir: str, draft_dir: str, task: str, n: int, batch_size: int)
     """Target-only against speculative greedy decoding, ``batch_size`` prompts per call."""
     from dlmkit.data import get_task
     from dlmkit.generate import generate, load
-    from dlmkit.generate.speculative import attach_draft
+    from dlmkit.families.dflash.pair import attach_draft
 
     loaded = load(target_dir)
     prompts = [r["prompt"] for r in get_task(task).records("test", n)]

@@ -10,7 +10,7 @@ so only unpadded batches are comparable), each batch seeded with ``--seed + batc
 * ``transformers``: ``model.generate(input_ids, max_new_tokens, max_denoising_steps,
   eos_token_id, pad_token_id, t_min, t_max, stability_threshold, confidence_threshold)`` after
   ``torch.manual_seed(seed)`` (its entropy-bound sampler, bound 0.1 by default);
-* ``dlmkit_equivalent``: :func:`dlmkit.generate.block_diffusion.sample_canvas` with the same
+* ``dlmkit_equivalent``: :func:`dlmkit.families.block_diffusion.decode.sample_canvas` with the same
   settings (``entropy_bound``, ``t_min``/``t_max``, adaptive stopping, steps per canvas) and one
   ``torch.Generator`` seeded the same: it draws in transformers' order, so the outputs must be
   the same (``same_output`` = share of responses identical to transformers');
@@ -42,10 +42,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from dlmkit.data.tasks import get_task
-    from dlmkit.generate import load
+    from dlmkit.families.block_diffusion.decode import sample_canvas
+    from dlmkit.generate import load, sampler_config
     from dlmkit.generate.api import _strip, encode_prompt
-    from dlmkit.generate.block_diffusion import sample_canvas
-    from dlmkit.generate.config import SamplerConfig
     from dlmkit.generate.runner import Runner
 
     loaded = load(args.model)
@@ -61,7 +60,7 @@ def main() -> None:
     N = args.denoising_steps
 
     def ours(options):
-        cfg = SamplerConfig.from_options("block_diffusion", max_new_tokens=gen,
+        cfg = sampler_config("block_diffusion", max_new_tokens=gen,
                                          block_size=block, **options)
 
         def run(ids, seed):

@@ -8,20 +8,10 @@ import sys
 import warnings
 from pathlib import Path
 
-# CLI flag -> SamplerConfig field; only flags the user sets are passed on, so a flag the chosen
-# sampler does not use is reported instead of ignored.
-SAMPLER_FLAGS = {
-    "max_new_tokens": int, "steps": int, "block_size": int, "temperature": float,
-    "remasking": str, "threshold": float, "factor": float, "cache": str, "mode": str,
-    "seed": int, "max_ratio": float, "gamma_shape": float, "t_peak": float,
-    "entropy_bound": float, "t_min": float, "t_max": float, "stability_threshold": int,
-    "confidence_threshold": float, "pad_to": int, "revise": bool, "logit_shift": bool,
-}
-
 
 def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
     """The model and sampler options shared by ``generate`` and ``eval``."""
-    from dlmkit.generate import REMASKING, SAMPLERS
+    from dlmkit.generate import SAMPLERS
 
     parser.add_argument("--model", required=True, help="exported model directory (RUN/final)")
     parser.add_argument("--draft", metavar="DRAFTER",
@@ -39,59 +29,67 @@ def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
                            "an option the sampler does not use is an error.")
     group.add_argument("--sampler", choices=SAMPLERS,
                        help="decoder (default: the model's training strategy)")
-    group.add_argument("--max-new-tokens", type=int,
-                       help="most tokens per response (default: max_new_tokens of the model's "
-                            "dlmkit.json, the longest training response rounded up to the "
-                            "block; 32 without one)")
-    group.add_argument("--pad-to", type=int,
-                       help="mdlm/scdd: each prompt's canvas fills the sequence to this many "
-                            "tokens, prompt included (default: pad_to of dlmkit.json, the "
-                            "length mdlm/scdd training rows are padded to, unless "
-                            "--max-new-tokens is set; a prompt that long gets max-new-tokens)")
-    group.add_argument("--steps", type=int,
-                       help="denoising steps for max-new-tokens tokens (default: "
-                            "max-new-tokens, one token per step; with --pad-to the batch's "
-                            "widest canvas)")
-    group.add_argument("--block-size", type=int,
-                       help="bd3lm/hybrid: must be the trained block (default: block_size of "
-                            "dlmkit.json); idlm: stride (default: the trained block); mdlm: "
-                            "semi-AR block, must divide max-new-tokens (default: "
-                            "max-new-tokens)")
-    group.add_argument("--temperature", type=float, help="0 = greedy (default: 0)")
-    group.add_argument("--remasking", choices=REMASKING,
-                       help="commit order (default: low_confidence)")
-    group.add_argument("--threshold", type=float,
-                       help="confidence-threshold parallel decoding, in (0, 1]")
-    group.add_argument("--factor", type=float,
-                       help="Fast-dLLM factor-rule parallel decoding (> 0; instead of "
-                            "--threshold)")
-    group.add_argument("--cache", nargs="?", const="prefix", choices=("none", "prefix", "dual"),
-                       help="KV cache kind (bare --cache: prefix). bd3lm/hybrid: prefix, exact; "
-                            "mdlm: prefix or dual (Fast-dLLM DualCache), both approximate")
-    group.add_argument("--mode", choices=("diffusion", "ar"), help="hybrid: decoding mode")
-    group.add_argument("--seed", type=int, help="sampler seed (default: 0)")
-    group.add_argument("--max-ratio", type=float, help="scdd schedule (default: as trained)")
-    group.add_argument("--gamma-shape", type=float, help="scdd schedule (default: as trained)")
-    group.add_argument("--t-peak", type=float, help="scdd schedule (default: as trained)")
-    group.add_argument("--revise", action=argparse.BooleanOptionalAction,
-                       help="scdd: run SCDD's self-correcting reverse process (revise visible "
-                            "tokens, final argmax pass); default: off, committed tokens stay "
-                            "(decodes the suite's tasks better; see docs/suite.md)")
-    group.add_argument("--logit-shift", action=argparse.BooleanOptionalAction,
-                       help="mdlm/bd3lm/scdd: read token i from the logits at i - 1, as a model "
-                            "trained with strategy.logit_shift (default: as trained, from "
-                            "dlmkit.json; set it for a plain model directory)")
-    group.add_argument("--entropy-bound", type=float,
-                       help="block_diffusion: entropy-bound commit rule (transformers' "
-                            "DiffusionGemma sampler; default: off, use --remasking)")
-    group.add_argument("--t-min", type=float,
-                       help="block_diffusion: temperature at a canvas's last step (with --t-max)")
-    group.add_argument("--t-max", type=float,
-                       help="block_diffusion: temperature at a canvas's first step")
-    group.add_argument("--stability-threshold", type=int,
-                       help="block_diffusion adaptive stopping: steps the argmax must hold")
-    group.add_argument("--confidence-threshold", type=float,
-                       help="block_diffusion adaptive stopping: mean-entropy bound")
+    add_option_flags(group)
+
+
+def sampler_fields() -> dict[str, list]:
+    """Option name -> ``[(family, dataclass field, options class), ...]`` over the registry's
+    samplers, in the order the classes declare them (the common options first)."""
+    import dataclasses
+
+    from dlmkit import families
+
+    found: dict[str, list] = {}
+    for name in families.names():
+        cls = families.get(name).sampling
+        for f in dataclasses.fields(cls):
+            found.setdefault(f.name, []).append((name, f, cls))
+    return found
+
+
+def add_option_flags(group) -> None:
+    """One ``--flag`` per sampler option of any family, generated from the options classes:
+    type from the annotation, help from the field, the families that take it named when not
+    all do. Every flag defaults to unset, so the model's dlmkit.json and the sampler decide."""
+    import typing
+
+    from dlmkit import families
+
+    every = len(families.names())
+    for option, uses in sampler_fields().items():
+        name, field, cls = uses[0]
+        hint = typing.get_type_hints(cls)[option]
+        kinds = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+        kind = kinds[0]
+        helps = {f.metadata.get("help", "") for _, f, _ in uses}
+        if len(helps) == 1:
+            text = helps.pop()
+            if len(uses) < every:
+                text = f"{'/'.join(n for n, _, _ in uses)}: {text}"
+        else:
+            text = "; ".join(f"{n}: {f.metadata.get('help', '')}" for n, f, _ in uses)
+        if field.default is not None and "default" not in text:
+            shown = {True: "on", False: "off"}.get(field.default, field.default)
+            text += f" (default: {shown})"
+        kwargs: dict = {"help": text.replace("%", "%%")}
+        choices = list(dict.fromkeys(c for _, f, k in uses for c in choices_of(f, k)))
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = kind
+            if choices:
+                kwargs["choices"] = choices
+            const = field.metadata.get("flag_const")
+            if const is not None:
+                kwargs.update(nargs="?", const=const)
+        group.add_argument("--" + option.replace("_", "-"), **kwargs)
+
+
+def choices_of(field, cls) -> tuple:
+    """The values an option allows, where they are a fixed list (``choices`` in the field's
+    metadata, or the name of a class attribute that holds them)."""
+    choices = field.metadata.get("choices", ())
+    return getattr(cls, choices) if isinstance(choices, str) else tuple(choices)
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -117,22 +115,30 @@ def _check_exported(args) -> None:
     if args.draft is not None:  # the sampler is dflash; the pair is checked before loading
         _check_draft(args)
     elif args.sampler is None and model.is_dir() and not (model / "dlmkit.json").is_file():
+        from dlmkit import families
+
+        plain = families.plain_causal()
+        others = [n for n in families.names()
+                  if n != plain and families.get(n).drafting is None]
         raise SystemExit(
             f"error: --model {model} has no dlmkit.json, so it is not a model exported by "
-            "`dlmkit train` (RUN/final) and the sampler to decode it with is unknown; pass "
-            "--sampler: ar for a plain causal LM, or mdlm, scdd, bd3lm, hybrid or idlm for a "
-            "diffusion model trained that way (bd3lm/hybrid also need --block-size, its "
-            "trained block)")
+            f"`dlmkit train` (RUN/final) and the sampler to decode it with is unknown; pass "
+            f"--sampler: {plain} for a plain causal LM, or {', '.join(others[:-1])} or "
+            f"{others[-1]} for a diffusion model trained that way (a block sampler also needs "
+            f"--block-size, its trained block)")
 
 
 def _check_draft(args) -> None:
-    from dlmkit.generate.speculative import check_draft_pair, read_meta
+    from dlmkit import families
 
-    if args.sampler not in (None, "dflash"):
-        raise SystemExit(f"error: --draft is speculative decoding (sampler dflash); --sampler "
+    sampler, drafting = families.drafting()
+    if args.sampler not in (None, sampler):
+        raise SystemExit(f"error: --draft is speculative decoding (sampler {sampler}); --sampler "
                          f"{args.sampler} decodes --model alone: drop --draft or --sampler")
+    meta_file = Path(args.model) / "dlmkit.json"
     try:
-        check_draft_pair(args.model, read_meta(args.model), args.draft)
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        drafting.check(args.model, meta, args.draft)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -154,7 +160,8 @@ def resolve_device(spec: str) -> str:
 
 
 def sampler_options(args) -> dict:
-    return {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k) is not None}
+    """The sampler options set on the command line (the others stay the sampler's defaults)."""
+    return {k: getattr(args, k) for k in sampler_fields() if getattr(args, k) is not None}
 
 
 def load_and_configure(args, **extra):
@@ -169,9 +176,9 @@ def load_and_configure(args, **extra):
     try:
         loaded = load(args.model, device=device, attention=args.attention)
         if args.draft is not None:
-            from dlmkit.generate.speculative import attach_draft
+            from dlmkit import families
 
-            loaded = attach_draft(loaded, args.draft, device=device)
+            loaded = families.drafting()[1].attach(loaded, args.draft, device=device)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplerFamilyWarning)
             config = loaded.config(args.sampler, **sampler_options(args), **extra)
@@ -308,8 +315,8 @@ def _print_responses(prompts: list, texts: list[str], as_json: bool) -> None:
 
 
 def _print_speculative(model, file=sys.stdout) -> None:
-    from dlmkit.generate.speculative import summary
+    from dlmkit import families
 
-    line = summary(model)
+    line = families.drafting()[1].summary(model)
     if line:
         print(line, file=file)

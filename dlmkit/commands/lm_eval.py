@@ -47,17 +47,16 @@ Every argument goes to lm-eval unchanged. lm-eval's own help follows.
 
 
 def preface() -> str:
-    import dataclasses
     import textwrap
 
-    from dlmkit.generate.config import SamplerConfig
+    from .generate import sampler_fields
 
     width = max(len(name) for name, _ in MODEL_ARGS) + 4
     args = "\n".join(textwrap.fill(text, 88, initial_indent=f"  {name:<{width - 2}}",
                                    subsequent_indent=" " * width) for name, text in MODEL_ARGS)
     options = textwrap.fill(
-        "any sampler option of `dlmkit generate`, by its field name: " + ", ".join(
-            f.name for f in dataclasses.fields(SamplerConfig) if f.name != "sampler"),
+        "any sampler option of `dlmkit generate`, by its field name: "
+        + ", ".join(sampler_fields()),
         88, initial_indent="  ", subsequent_indent=" " * width)
     return PREFACE.format(args=args, options=options)
 

@@ -120,7 +120,7 @@ def predictor_rows(loss_mask: torch.Tensor, **per_token: torch.Tensor
 
     A sequence's first token has no predecessor, so it cannot be scored: ``loss_mask[:, 0]``
     must be 0 (the strategies take each document's first token out of the loss mask before
-    corrupting, :meth:`dlmkit.strategies.base.Strategy.shift_batch`), else a ValueError — the
+    corrupting, :meth:`dlmkit.families.strategy.Strategy.shift_batch`), else a ValueError — the
     numerator would silently drop a token the denominator counts."""
     if bool((loss_mask[:, 0] != 0).any()):
         raise ValueError("with a logit shift the first position has no predecessor and cannot "

@@ -1,25 +1,9 @@
-"""The sampling entry points: load an exported model, generate, infill, evaluate.
+"""The sampling entry points: load an exported model, generate, infill.
 
-``generate(model, tokenizer, prompts, config)`` runs the decoder of ``config.sampler``
-(:data:`DECODERS`); an export's default sampler is its training strategy's ``sampler``
-(:func:`strategy_samplers`), so a new family needs no change here beyond its decoder:
-
-============  ==============================================  ============================
-sampler       family / layout it decodes                       module
-============  ==============================================  ============================
-``mdlm``      MDLM / LLaDA, bidirectional, unshifted           :mod:`.masked`
-``scdd``      SCDD, bidirectional, ancestral (``revise``:       :mod:`.scdd`
-              SCDD's self-correction and final pass)
-``bd3lm``     BD3-LM, block diffusion over a clean cache       :mod:`.block`
-``hybrid``    hybrid AR + diffusion: ``mode=diffusion``        :mod:`.block` / :mod:`.stream`
-              (block diffusion) or ``mode=ar`` (clean stream)
-``idlm``      I-DLM introspective strided decoding             :mod:`.idlm`
-``ar``        plain autoregressive decoding (any causal LM)    :mod:`.stream`
-``dflash``    speculative: DFlash drafter + target verifier     :mod:`.speculative`
-============  ==============================================  ============================
-
-``block_diffusion`` decodes DiffusionGemma canvases over an encoder cache
-(:mod:`.block_diffusion`).
+``generate(model, tokenizer, prompts, config)`` runs the decoder of ``config.sampler``'s family
+(the registry, :mod:`dlmkit.families`: each family's folder holds its decoder and its sampler's
+options); an export's default sampler is its training family's own. This module names no
+family: a new family needs no change here.
 """
 
 from __future__ import annotations
@@ -34,20 +18,30 @@ from pathlib import Path
 
 import torch
 
-from dlmkit import strategies
+from dlmkit import families
 
-from .block import sample_blocks
-from .block_diffusion import sample_canvas
-from .config import SamplerConfig
-from .idlm import sample_isd
-from .masked import infill_masked, sample_masked
+from .config import SamplerConfig, option_names
 from .runner import Runner
-from .scdd import sample_scdd
-from .speculative import decode_dflash
-from .stream import sample_ar
 
 META_FILE = "dlmkit.json"
 TOKENIZER_FILES = ("dlmkit_tokenizer.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def sampler_config(sampler: str, **options) -> SamplerConfig:
+    """The resolved options of ``sampler`` (a family's name, :mod:`dlmkit.families`),
+    rejecting options it does not use (with the ones it accepts)."""
+    klass = families.sampling_class(sampler)
+    accepts = option_names(klass)
+    unknown = sorted(set(options) - accepts)
+    if unknown:
+        everywhere = set().union(*(option_names(families.get(n).sampling)
+                                   for n in families.names()))
+        if set(unknown) <= everywhere:
+            raise ValueError(f"sampler {sampler!r} does not use option(s) {unknown}; it "
+                             f"accepts {sorted(accepts)}")
+        raise ValueError(f"unknown sampler option(s) {sorted(set(unknown) - everywhere)}; "
+                         f"options are {sorted(everywhere)}")
+    return klass(**options).resolved()
 
 
 @dataclass
@@ -86,33 +80,25 @@ class SamplerFamilyWarning(UserWarning):
     """A sampler decoding the export of a related family, not with the process it trained for."""
 
 
-# Samplers that decode a family's export besides its own (``strategy.sampler``). The clean
-# causal stream of hybrid and idlm is a causal LM: ``ar`` decodes it as trained (token for token
-# hybrid's mode='ar'; idlm commits exactly that stream's greedy tokens). mdlm and scdd share the
-# bidirectional masked layout, so each sampler runs on the other's export, but with a reverse
-# process the model was not trained for (a warning). Any other pairing feeds the model a layout
-# it never saw (the mdlm sampler on a bd3lm export decodes an empty answer): an error.
-ALSO_DECODES = {"hybrid": ("ar",), "idlm": ("ar",)}
-RELATED_SAMPLERS = {"mdlm": ("scdd",), "scdd": ("mdlm",)}
-
-
 def check_sampler_family(family: str, sampler: str, where) -> None:
     """``sampler`` on an export of training strategy ``family`` (named in ``where``): silent when
     it decodes the family as trained, a :class:`SamplerFamilyWarning` for a related family's
     sampler, else a ValueError naming the samplers that fit."""
-    own = strategies.get(family).sampler
-    fits = (own, *ALSO_DECODES.get(family, ()))
+    record = families.get(family)
+    own = record.name
+    fits = (own, *record.also_decoded_by)
     if sampler in fits:
         return
     trained = f"{where} says strategy {family!r}"
-    if sampler in RELATED_SAMPLERS.get(family, ()):
+    if sampler in record.related:
         warnings.warn(f"sampler {sampler!r} on a model trained as {family} ({trained}): both are "
                       "bidirectional masked diffusion, so it runs, but not with the reverse "
                       f"process this model was trained for; its own sampler is {own!r} (omit "
                       "--sampler)", SamplerFamilyWarning, stacklevel=3)
         return
-    hint = ("; dflash is speculative decoding: pass a causal target as --model and its "
-            "drafter export as --draft" if sampler == "dflash" else "")
+    drafter = families.drafting()[0]
+    hint = (f"; {drafter} is speculative decoding: pass a causal target as --model and its "
+            "drafter export as --draft" if sampler == drafter else "")
     raise ValueError(f"sampler {sampler!r} does not decode this model ({trained}: trained "
                      f"for the {own} sampler); samplers for this model: "
                      f"{', '.join(fits)} (omit --sampler for {own}){hint}")
@@ -131,32 +117,33 @@ class LoadedModel:
         """A :class:`SamplerConfig` for this model: the sampler defaults to the training
         strategy, ``block_size`` (and SCDD's schedule) to what the model was trained with;
         ``options`` override (unknown or unused ones are errors)."""
-        from .config import OPTIONS, SAMPLERS
+        from .config import trained_logit_shift
 
         name = self.meta.get("strategy")
-        strategy = strategies.get(name) if name in strategies.names() else None
+        family = families.get(name) if name in families.names() else None
         if sampler is None:
-            if strategy is None or not strategy.sampler:
+            if family is None:
                 where = self.path / META_FILE
                 why = (f"{where}: strategy {name!r} has no sampler here" if self.meta
                        else f"{self.path} has no {META_FILE} (not exported by `dlmkit train`)")
                 raise ValueError(f"{why}; pick one explicitly with --sampler "
-                                 f"({', '.join(SAMPLERS)})")
-            sampler = strategy.sampler
-        elif strategy is not None and strategy.sampler:
+                                 f"({', '.join(families.names())})")
+            sampler = family.name
+        elif family is not None:
             check_sampler_family(name, sampler, self.path / META_FILE)
         defaults: dict = {}
         if self.meta.get("max_new_tokens"):
             defaults["max_new_tokens"] = int(self.meta["max_new_tokens"])
         # A sampler other than the family's own gets no trained defaults: the options mean
         # different things to different samplers (mdlm's block is a semi-AR window).
-        if strategy is not None and sampler == strategy.sampler:
-            defaults.update(strategy.sampler_defaults(self.meta, options))
+        if family is not None and sampler == family.name:
+            defaults.update(family.sampling.trained_defaults(self.meta, options))
         # How the model's logits are read is the model's, whichever sampler decodes it.
-        if strategy is not None and "logit_shift" in OPTIONS.get(sampler, ()):
-            defaults["logit_shift"] = strategy.trained_logit_shift(self.meta, options)
+        if family is not None and "logit_shift" in option_names(families.sampling_class(
+                sampler)):
+            defaults["logit_shift"] = trained_logit_shift(self.meta, options)
         defaults.update(options)
-        return SamplerConfig.from_options(sampler, **defaults)
+        return sampler_config(sampler, **defaults)
 
     def check_block_size(self, config: SamplerConfig, block_size: int | None,
                          what: str = "--block-size", mode: str = "--mode ar") -> None:
@@ -164,22 +151,17 @@ class LoadedModel:
         hybrid's AR mode has no block, and bd3lm/hybrid diffusion decode under the block mask
         they were trained on. ``what`` / ``mode`` name the options as the caller's user wrote
         them. Raises ValueError."""
-        if block_size is not None and config.sampler == "hybrid" and config.mode == "ar":
-            raise ValueError(f"{what} is not used by the hybrid sampler in {mode} (it decodes "
-                             "token by token on the clean causal stream); omit it")
+        unused = config.unused_block_size(mode)
+        if block_size is not None and unused:
+            raise ValueError(f"{what} is not used by {unused}; omit it")
         trained = self.meta.get("block_size")
         if (block_size is not None and trained and block_size != trained
-                and config.sampler in TRAINED_BLOCK_SAMPLERS and config.mode == "diffusion"):
+                and config.decodes_trained_blocks()):
             raise ValueError(
                 f"{what} {block_size} differs from the block size the model was trained with "
                 f"({trained}, in {self.path / META_FILE}): {config.sampler} decodes block by "
                 f"block under the block mask it was trained on, and this model has only seen "
                 f"blocks of {trained}; omit {what}")
-
-
-# Samplers that decode in the fixed blocks the model was trained on (its block mask): another
-# block size would feed it a layout it never saw.
-TRAINED_BLOCK_SAMPLERS = ("bd3lm", "hybrid")
 
 
 def load(path: str | Path, *, device: str | torch.device = "cpu",
@@ -208,8 +190,8 @@ def load(path: str | Path, *, device: str | torch.device = "cpu",
         if not isinstance(meta, dict):
             raise ValueError(f"{meta_file}: expected a JSON object, got {type(meta).__name__}")
     name = meta.get("strategy")
-    if name in strategies.names():
-        model = strategies.get(name).load_model(path, attention=attention, device=device)
+    if name in families.names():
+        model = families.get(name).strategy.load_model(path, attention=attention, device=device)
     else:  # a plain HF causal LM (e.g. an ``ar`` target): decodable with --sampler
         model = load_exported(path, attention=attention, device=device)
     mask_id = meta.get("mask_token_id")
@@ -247,55 +229,9 @@ def _strip(tokens: list[int], stop_ids: Sequence[int], mask_id: int) -> tuple[li
     return tokens, len(tokens)
 
 
-def _own_canvases(out: torch.Tensor, encoded, cfg) -> list[list[int]]:
-    """Each row's own canvas (with ``pad_to`` the canvases differ in width)."""
-    widths = cfg.canvas_widths([len(p) for p in encoded])
-    return [row[:w] for row, w in zip(out.tolist(), widths)]
-
-
-def _decode_mdlm(runner, encoded, cfg, **kw):
-    return _own_canvases(sample_masked(runner, encoded, cfg, **kw), encoded, cfg)
-
-
-def _decode_scdd(runner, encoded, cfg, *, stop_ids, **kw):
-    return _own_canvases(sample_scdd(runner, encoded, cfg, **kw), encoded, cfg)
-
-
-def _decode_blocks(runner, encoded, cfg, **kw):
-    return sample_blocks(runner, encoded, cfg, clean_causal=False, **kw).tolist()
-
-
-def _decode_hybrid(runner, encoded, cfg, **kw):
-    if cfg.mode == "ar":
-        return _decode_ar(runner, encoded, cfg, **kw)
-    return sample_blocks(runner, encoded, cfg, clean_causal=True, **kw).tolist()
-
-
-def _decode_isd(runner, encoded, cfg, **kw):
-    return sample_isd(runner, encoded, max_new_tokens=cfg.max_new_tokens, stride=cfg.block_size,
-                      temperature=cfg.temperature, **kw)
-
-
-def _decode_canvas(runner, encoded, cfg, *, mask_id, **kw):
-    return sample_canvas(runner, encoded, cfg, **kw).tolist()
-
-
-def _decode_ar(runner, encoded, cfg, **kw):
-    return sample_ar(runner, encoded, max_new_tokens=cfg.max_new_tokens,
-                     temperature=cfg.temperature, **kw)
-
-
-# Sampler name -> ``decode(runner, encoded prompts, resolved config, *, stop_ids, generator,
-# mask_id, pad_id) -> list of token-id rows`` (the generated part, before stripping).
-DECODERS = {"mdlm": _decode_mdlm, "scdd": _decode_scdd, "bd3lm": _decode_blocks,
-            "hybrid": _decode_hybrid, "idlm": _decode_isd, "ar": _decode_ar,
-            "dflash": decode_dflash, "block_diffusion": _decode_canvas}
-
-
-def strategy_samplers() -> dict[str, str]:
-    """Training strategy -> the sampler that decodes its export (from the strategies)."""
-    return {name: strategies.get(name).sampler for name in strategies.names()
-            if strategies.get(name).sampler}
+def decoders() -> dict:
+    """Sampler name -> its family's ``decode`` (:class:`~dlmkit.families.family.Family`)."""
+    return {name: families.get(name).decode for name in families.names()}
 
 
 def _prompt_generators(seed: int, first_index: int, count: int, device):
@@ -379,8 +315,8 @@ def generate(model, tokenizer, prompts: Sequence[str | Sequence[int]],
     stop_ids = tuple(tokenizer.stop_token_ids)
     start = time.perf_counter()
     with torch.no_grad():
-        out = DECODERS[cfg.sampler](runner, encoded, cfg, stop_ids=stop_ids,
-                                    generator=generator, **ids)
+        out = families.get(cfg.sampler).decode(runner, encoded, cfg, stop_ids=stop_ids,
+                                               generator=generator, **ids)
     seconds = time.perf_counter() - start
     stripped = [_strip(row, stop_ids, tokenizer.mask_token_id) for row in out]
     tokens = [t for t, _ in stripped]
@@ -420,41 +356,22 @@ def infill(model, tokenizer, sequences: Sequence[Sequence[int]],
     """Fill the mask tokens of ``sequences`` with the masked-diffusion sampler; ``tokens`` are
     the whole sequences (every non-mask token unchanged), ``texts`` their decoding. ``steps``
     defaults to one per mask of the longest row; ``threshold`` applies here too."""
+    fill = families.get(config.sampler).infill
+    if fill is None:
+        can = [n for n in families.names() if families.get(n).infill is not None]
+        raise ValueError(f"infilling needs a bidirectional model ({' or '.join(can)}), got "
+                         f"sampler {config.sampler!r}")
     masks = max(list(s).count(tokenizer.mask_token_id) for s in sequences)
     cfg = dataclasses.replace(config, steps=config.steps or max(masks, 1)).resolved()
-    if cfg.sampler not in ("mdlm", "scdd"):
-        raise ValueError(f"infilling needs a bidirectional model (mdlm or scdd), got sampler "
-                         f"{cfg.sampler!r}")
     # the masks are filled in place: nothing is decoded past a sequence's end
     check_prompt_lengths(model, [len(s) for s in sequences], [0] * len(sequences),
                          [f"sequence {i}" for i in range(len(sequences))])
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
     generator = _prompt_generators(cfg.seed, 0, len(sequences), runner.device)
     start = time.perf_counter()
-    out = infill_masked(runner, sequences, cfg, mask_id=tokenizer.mask_token_id,
-                        pad_id=tokenizer.pad_token_id, generator=generator)
+    out = fill(runner, sequences, cfg, mask_id=tokenizer.mask_token_id,
+               pad_id=tokenizer.pad_token_id, generator=generator)
     seconds = time.perf_counter() - start
     filled = sum(list(s).count(tokenizer.mask_token_id) for s in sequences)
     return GenerationResult(out, [tokenizer.decode(t, skip_special_tokens=True) for t in out],
                             runner.forwards, filled, seconds, runner.row_forwards)
-
-
-def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
-             batch_size: int = 32) -> tuple[float, list[dict], GenerationResult]:
-    """Exact match of generated responses against ``records`` (``{"prompt", "response"}``).
-
-    Returns ``(accuracy in [0, 1], per-record rows {prompt, response, output, correct},
-    totals as a GenerationResult over all batches)``. Conversations (``{"messages"}``
-    records, several turns each) go through :mod:`dlmkit.generate.evaluation`.
-    """
-    from dlmkit.data import records_from_dicts
-
-    from .evaluation import conversation_turns, score_turns
-
-    turns = conversation_turns(records_from_dicts(records, "evaluate"))
-    scored, totals = score_turns(model, tokenizer, turns, config, batch_size=batch_size)
-    rows = [{"prompt": record["prompt"], "response": record["response"],
-             "output": row["prediction"], "correct": row["correct"]}
-            for record, row in zip(records, scored)]
-    accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
-    return accuracy, rows, totals

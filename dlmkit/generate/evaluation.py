@@ -15,6 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from . import api
+from .api import GenerationResult, check_prompt_lengths, encode_prompt
 from .config import SamplerConfig
 
 
@@ -77,8 +79,6 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
     before the first is decoded (:func:`~dlmkit.generate.api.check_prompt_lengths`); Ctrl-C
     raises :class:`EvaluationInterrupted` with the rows scored so far.
     """
-    from .api import GenerationResult, check_prompt_lengths, encode_prompt, generate
-
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     encoded = [encode_prompt(tokenizer, list(t.prompt)) for t in turns]
@@ -93,7 +93,7 @@ def score_turns(model, tokenizer, turns: Sequence[Turn], config: SamplerConfig, 
     try:
         for at in range(0, len(turns), batch_size):
             chunk = turns[at:at + batch_size]
-            result = generate(model, tokenizer, encoded[at:at + batch_size], config,
+            result = api.generate(model, tokenizer, encoded[at:at + batch_size], config,
                               first_index=at)  # the same samples whatever the batch size
             forwards += result.forwards
             generated += result.generated
@@ -180,3 +180,22 @@ def format_summary(summary: dict) -> list[str]:
     lines.append(f"turns: {pct(summary['turns_correct'], summary['turns'])} exact")
     lines.append(f"exact_match: {100.0 * summary['turns_correct'] / max(summary['turns'], 1):.1f}%")
     return lines
+
+
+def evaluate(model, tokenizer, records: Sequence[dict], config: SamplerConfig,
+             batch_size: int = 32) -> tuple[float, list[dict], GenerationResult]:
+    """Exact match of generated responses against ``records`` (``{"prompt", "response"}``).
+
+    Returns ``(accuracy in [0, 1], per-record rows {prompt, response, output, correct},
+    totals as a GenerationResult over all batches)``. Conversations (``{"messages"}``
+    records, several turns each) go through :func:`score_turns` directly.
+    """
+    from dlmkit.data import records_from_dicts
+
+    turns = conversation_turns(records_from_dicts(records, "evaluate"))
+    scored, totals = score_turns(model, tokenizer, turns, config, batch_size=batch_size)
+    rows = [{"prompt": record["prompt"], "response": record["response"],
+             "output": row["prediction"], "correct": row["correct"]}
+            for record, row in zip(records, scored)]
+    accuracy = sum(r["correct"] for r in rows) / max(len(rows), 1)
+    return accuracy, rows, totals

@@ -28,24 +28,26 @@ scores and continues the raw text (``tokenizer.encode``), for models trained wit
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from dlmkit import strategies
+from dlmkit import families
 
 from .api import encode_prompt, generate, load
-from .config import SamplerConfig
+from .config import SamplerConfig, option_names
 from .likelihood import ELBO_SCORERS, causal_loglikelihood, elbo
 from .runner import Runner
 
-SAMPLER_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplerConfig) if f.name != "sampler")
+
+def sampler_options() -> list[str]:
+    """Every option a sampler of some family takes (the registry's)."""
+    return sorted(set().union(*(option_names(families.get(n).sampling)
+                                for n in families.names())))
 
 
 def _families(scorer: str) -> list[str]:
-    return [n for n in strategies.names() if strategies.get(n).likelihood == scorer]
+    return [n for n in families.names() if families.get(n).likelihood == scorer]
 
 
 @register_model("dlmkit")
@@ -59,11 +61,11 @@ class DlmkitLM(LM):
         super().__init__()
         if isinstance(batch_size, str) and batch_size.isdigit():  # lm-eval's --batch_size
             batch_size = int(batch_size)
-        unknown = sorted(set(options) - set(SAMPLER_OPTIONS))
+        unknown = sorted(set(options) - set(sampler_options()))
         if unknown:
             raise ValueError(f"dlmkit model_args: unknown option(s) {unknown}; valid: "
                              f"pretrained, device, attention, batch_size, sampler, mc_samples, "
-                             f"chat, {', '.join(SAMPLER_OPTIONS)}")
+                             f"chat, {', '.join(sampler_options())}")
         for name, value in (("batch_size", batch_size), ("mc_samples", mc_samples)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"dlmkit model_args: {name} must be an int >= 1, got {value!r}")
@@ -79,7 +81,7 @@ class DlmkitLM(LM):
         self.batch_size, self.mc_samples, self.chat = batch_size, mc_samples, chat
         self._device = torch.device(device)
         name = self.loaded.meta.get("strategy")
-        self.scorer = strategies.get(name).likelihood if name in strategies.names() else None
+        self.scorer = families.get(name).likelihood if name in families.names() else None
         self.strategy = name
 
     # -- encoding ----------------------------------------------------------------------------

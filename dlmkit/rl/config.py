@@ -13,7 +13,7 @@ import copy
 import os
 from pathlib import Path
 
-from dlmkit.generate.config import OPTIONS
+from dlmkit.generate import OPTIONS
 from dlmkit.train.config import ConfigError, _layers, _merge
 
 ESTIMATORS = ("elbo", "one_step")

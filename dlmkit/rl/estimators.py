@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
-# strategy.likelihood -> (layout, log-probs over the non-MASK tokens only)
+# a family's likelihood scorer -> (layout, log-probs over the non-MASK tokens only)
 LAYOUTS = {"masked_elbo": ("masked", False), "masked_elbo_nonmask": ("masked", True),
            "block_elbo": ("block", False), "causal": ("causal", False)}
 
@@ -63,7 +63,8 @@ class Estimator:
     """Scores completions with one of :data:`ESTIMATORS` for a family's layout.
 
     Args:
-        likelihood: the family's ``strategy.likelihood`` (a key of :data:`LAYOUTS`).
+        likelihood: the family's ``likelihood`` scorer (:mod:`dlmkit.families`; a key of
+            :data:`LAYOUTS`).
         estimator: ``elbo`` or ``one_step``.
         mask_id, vocab_size: the tokenizer's; logits are cut to ``vocab_size``.
         block_size: the trained block (``block`` layout only).
@@ -80,7 +81,7 @@ class Estimator:
         if likelihood not in LAYOUTS:
             fit = ", ".join(sorted(LAYOUTS))
             raise ValueError(f"family {family!r} has no sequence log-likelihood estimator "
-                             f"(its strategy.likelihood is {likelihood!r}; rl needs one of "
+                             f"(its likelihood scorer is {likelihood!r}; rl needs one of "
                              f"{fit}: mdlm, scdd, bd3lm, hybrid, idlm, ar)")
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got "
@@ -221,10 +222,14 @@ ESTIMATORS = ("elbo", "one_step")
 def estimator_for(strategy_cls, meta: dict, config: dict, tokenizer) -> Estimator:
     """The estimator ``config["objective"]`` asks for, for an export of ``strategy_cls`` whose
     ``dlmkit.json`` is ``meta`` (its trained block and ``logit_shift``)."""
+    from dlmkit import families
+    from dlmkit.generate.config import trained_logit_shift
+
     o = config["objective"]
     options = meta.get("options") or {}
-    return Estimator(strategy_cls.likelihood, o["estimator"], mask_id=tokenizer.mask_token_id,
+    scorer = families.get(strategy_cls.name).likelihood
+    return Estimator(scorer, o["estimator"], mask_id=tokenizer.mask_token_id,
                      vocab_size=tokenizer.vocab_size, family=strategy_cls.name,
                      block_size=options.get("block_size", meta.get("block_size")),
-                     logit_shift=strategy_cls.trained_logit_shift(meta, {}),
+                     logit_shift=trained_logit_shift(meta, {}),
                      samples=o["samples"], prompt_mask_prob=o["prompt_mask_prob"])

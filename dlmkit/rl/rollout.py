@@ -58,7 +58,8 @@ def rollout(model, tokenizer, prompts: list[tuple[int, object]], group_size: int
     order; ``cfg`` a :class:`~dlmkit.generate.config.SamplerConfig` (its own seed unused),
     ``batch_size`` rows per sampler call (None: all). ``fixed_length``: fill each completion
     after its stop token with EOS to its canvas width (see the module docstring)."""
-    from dlmkit.generate.api import DECODERS, check_prompt_lengths, encode_prompt
+    from dlmkit import families
+    from dlmkit.generate.api import check_prompt_lengths, encode_prompt
     from dlmkit.generate.runner import Runner
 
     cfg = cfg.resolved()
@@ -79,10 +80,10 @@ def rollout(model, tokenizer, prompts: list[tuple[int, object]], group_size: int
             generators = [g for index, c, _ in chunk for g in prompt_generators(
                 completion_seed(seed, step, index, c, ROLLOUT_STREAM), [0], runner.device)]
             with torch.no_grad():
-                decoded = DECODERS[cfg.sampler](runner, [ids for _, _, ids in chunk], cfg,
-                                                stop_ids=stop_ids, generator=generators,
-                                                mask_id=tokenizer.mask_token_id,
-                                                pad_id=tokenizer.pad_token_id)
+                decode = families.get(cfg.sampler).decode
+                decoded = decode(runner, [ids for _, _, ids in chunk], cfg, stop_ids=stop_ids,
+                                 generator=generators, mask_id=tokenizer.mask_token_id,
+                                 pad_id=tokenizer.pad_token_id)
             for (index, c, prompt_ids), row, width in zip(chunk, decoded,
                                                           widths[at:at + size]):
                 response, ids = _cut(list(row)[:width], stop_ids)

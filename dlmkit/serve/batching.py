@@ -60,10 +60,10 @@ class Job:
     key: Hashable = field(init=False)
 
     def __post_init__(self) -> None:
-        # mdlm/scdd with pad_to size the batch's canvas from its widest prompt: only requests
-        # of the same canvas width may share a batch, or a companion would change it.
+        # A canvas sized from the batch's widest prompt (pad_to): only requests of the same
+        # canvas width may share a batch, or a companion would change it.
         self.key = (dataclasses.replace(self.config, seed=0),
-                    self.width if self.config.pad_to is not None else None)
+                    self.width if self.config.canvas_from_batch() else None)
 
     def _call(self, fn, *args) -> None:
         self.loop.call_soon_threadsafe(fn, *args)

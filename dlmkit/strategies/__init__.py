@@ -1,31 +1,18 @@
-"""Strategy registry: ``get(name)`` -> the class of a dLLM family, ``names()`` lists them."""
+"""The training strategies of the families (:mod:`dlmkit.families`): ``get(name)`` -> the
+strategy class of a dLLM family, ``names()`` lists them."""
 
 from __future__ import annotations
 
-from .ar import ARStrategy
-from .base import Strategy
-from .bd3lm import BD3LMStrategy
-from .block_diffusion import BlockDiffusionStrategy
-from .dflash import DFlashStrategy
-from .hybrid import HybridStrategy
-from .idlm import IDLMStrategy
-from .mdlm import MDLMStrategy
-from .scdd import SCDDStrategy
-
-_REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (MDLMStrategy, SCDDStrategy, HybridStrategy, IDLMStrategy,
-                              BD3LMStrategy, ARStrategy, DFlashStrategy, BlockDiffusionStrategy)
-}
+from dlmkit import families
+from dlmkit.families.strategy import Strategy
 
 
 def names() -> list[str]:
-    return list(_REGISTRY)
+    return families.names()
 
 
 def get(name: str) -> type[Strategy]:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
+    return families.get(name).strategy
 
 
 __all__ = ["Strategy", "get", "names"]

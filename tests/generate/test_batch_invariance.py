@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from dlmkit.generate import SAMPLERS, SamplerConfig, evaluate, generate
+from dlmkit.generate import SAMPLERS, evaluate, generate, sampler_config
 
 from .helpers import MASK, TOK, V, tiny_model
 
@@ -37,7 +37,7 @@ CASES = {
 @functools.lru_cache(maxsize=1)
 def dflash_pair():
     """The tiny target with an untrained drafter (speculative decoding needs both)."""
-    from dlmkit.generate.speculative import DFlashPair
+    from dlmkit.families.dflash.pair import DFlashPair
     from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
 
     torch.manual_seed(1)
@@ -68,7 +68,7 @@ def test_every_sampler_has_a_batch_invariance_case():
 
 
 def decode(sampler, texts, first_index=0, **options):
-    cfg = SamplerConfig.from_options(sampler, **options)
+    cfg = sampler_config(sampler, **options)
     model = MODELS.get(sampler, tiny_model)()
     return generate(model, TOK, texts, cfg, first_index=first_index).tokens
 
@@ -92,7 +92,7 @@ def test_output_does_not_depend_on_the_batch(case, temperature):
 
 def test_evaluate_gives_the_same_rows_for_every_batch_size():
     records = [{"prompt": t, "response": "abc"} for t in TEXTS]
-    cfg = SamplerConfig.from_options("mdlm", max_new_tokens=8, block_size=4, temperature=1.0,
+    cfg = sampler_config("mdlm", max_new_tokens=8, block_size=4, temperature=1.0,
                                      remasking="random")
     outputs = [[r["output"] for r in evaluate(tiny_model(), TOK, records, cfg,
                                               batch_size=b)[1]] for b in (1, 2, 5)]

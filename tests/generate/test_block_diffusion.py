@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dlmkit.data import load_tokenizer
-from dlmkit.generate.block_diffusion import sample_canvas
-from dlmkit.generate.config import SamplerConfig
+from dlmkit.families.block_diffusion.decode import sample_canvas
+from dlmkit.generate import sampler_config
 from dlmkit.generate.runner import Runner
 from dlmkit.models import diffusion_gemma as dg
 
@@ -35,7 +35,7 @@ def prompt(tokenizer, text):
 
 
 def decode(model, tokenizer, prompts, generator, **options):
-    cfg = SamplerConfig.from_options("block_diffusion", max_new_tokens=NEW, block_size=BLOCK,
+    cfg = sampler_config("block_diffusion", max_new_tokens=NEW, block_size=BLOCK,
                                      **options)
     runner = Runner(model, vocab_size=tokenizer.vocab_size)
     with torch.no_grad():
@@ -115,8 +115,8 @@ def test_the_factor_rule_ends_a_canvas_early_and_a_tiny_factor_changes_nothing(m
 ])
 def test_option_errors(options, message):
     with pytest.raises(ValueError, match=message):
-        SamplerConfig.from_options("block_diffusion", block_size=BLOCK, **options)
+        sampler_config("block_diffusion", block_size=BLOCK, **options)
     with pytest.raises(ValueError, match="needs block_size"):
-        SamplerConfig.from_options("block_diffusion")
+        sampler_config("block_diffusion")
     with pytest.raises(ValueError, match="does not use option"):
-        SamplerConfig.from_options("mdlm", entropy_bound=0.1)
+        sampler_config("mdlm", entropy_bound=0.1)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dlmkit.generate import SamplerConfig, generate
+from dlmkit.generate import generate, sampler_config
 from dlmkit.generate.runner import Runner
 from dlmkit.generate.stream import CausalStream
 from dlmkit.masks import block_diffusion
@@ -17,7 +17,7 @@ TEXTS = ["rev abc", "sort 3142", "9+1=", "x"]  # prompt lengths 11, 13, 8, 5 tok
 
 
 def run(model, sampler, texts=TEXTS, **options):
-    return generate(model, TOK, texts, SamplerConfig.from_options(sampler, **options))
+    return generate(model, TOK, texts, sampler_config(sampler, **options))
 
 
 @pytest.mark.parametrize("sampler", ["bd3lm", "hybrid"])

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dlmkit.cli import main
-from dlmkit.generate import SamplerConfig, load
+from dlmkit.generate import load, sampler_config
 
 from .helpers import TOK, tiny_model
 
@@ -100,13 +100,13 @@ def test_unknown_flag_and_bad_model_dirs(model_dir, tmp_path, capsys):
 
 def test_config_errors_and_defaults(model_dir):
     with pytest.raises(ValueError, match="unknown sampler option"):
-        SamplerConfig.from_options("mdlm", stepz=3)
+        sampler_config("mdlm", stepz=3)
     with pytest.raises(ValueError, match="sampler must be one of"):
-        SamplerConfig.from_options("llada")
+        sampler_config("llada")
     with pytest.raises(ValueError, match="number of blocks"):
-        SamplerConfig.from_options("mdlm", max_new_tokens=8, block_size=2, steps=3)
+        sampler_config("mdlm", max_new_tokens=8, block_size=2, steps=3)
     with pytest.raises(ValueError, match="temperature"):
-        SamplerConfig.from_options("ar", temperature=-1.0)
+        sampler_config("ar", temperature=-1.0)
     loaded = load(model_dir("bd3lm", 4))
     cfg = loaded.config()
     assert (cfg.sampler, cfg.block_size, cfg.steps) == ("bd3lm", 4, 32)
@@ -119,5 +119,5 @@ def test_config_errors_and_defaults(model_dir):
 def test_hybrid_ar_mode_rejects_the_diffusion_options_it_would_ignore(option):
     (name,) = option
     with pytest.raises(ValueError, match=rf"mode='ar' .* \['{name}'\]"):
-        SamplerConfig.from_options("hybrid", mode="ar", max_new_tokens=8, **option)
-    SamplerConfig.from_options("hybrid", max_new_tokens=8, block_size=4, **option)  # diffusion
+        sampler_config("hybrid", mode="ar", max_new_tokens=8, **option)
+    sampler_config("hybrid", max_new_tokens=8, block_size=4, **option)  # diffusion

@@ -8,7 +8,7 @@ import torch
 
 from dlmkit.cli import main
 from dlmkit.data import load_records
-from dlmkit.generate import SamplerConfig, encode_prompt
+from dlmkit.generate import encode_prompt, sampler_config
 from dlmkit.generate.evaluation import conversation_turns, score_turns, summarize
 
 from .helpers import TOK, Rigged, V, tiny_model
@@ -49,8 +49,8 @@ def test_every_turn_scored_with_reference_history(data_file):
     model = Rigged(says_ok)
     turns = conversation_turns(load_records(data_file))
     assert [t.position for t in turns] == [1, 1, 1, 2, 1, 2, 3]
-    rows, totals = score_turns(model, TOK, turns, SamplerConfig(sampler="ar", max_new_tokens=8),
-                               batch_size=1)
+    rows, totals = score_turns(model, TOK, turns,
+                               sampler_config("ar", max_new_tokens=8), batch_size=1)
     assert [r["correct"] for r in rows] == [hit for _, hits in DATA for hit in hits]
     assert all(r["prediction"] == "ok" and r["forwards"] == 3 for r in rows)  # o, k, end
     assert totals.forwards == 3 * len(rows)
@@ -69,11 +69,11 @@ def test_last_turn_only_and_batching(data_file):
     turns = conversation_turns(load_records(data_file), last_turn_only=True)
     assert [t.reference for t in turns] == ["ok", "no", "ok", " ok "]
     rows, _ = score_turns(Rigged(says_ok), TOK, turns,
-                          SamplerConfig(sampler="ar", max_new_tokens=8), batch_size=3)
+                          sampler_config("ar", max_new_tokens=8), batch_size=3)
     assert summarize(rows)["turns_correct"] == 3
     assert summarize(rows)["conversations_correct"] == 3
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
-        score_turns(Rigged(says_ok), TOK, turns, SamplerConfig(sampler="ar"), batch_size=0)
+        score_turns(Rigged(says_ok), TOK, turns, sampler_config("ar"), batch_size=0)
 
 
 def test_encode_prompt_conversations():
@@ -124,7 +124,7 @@ def test_eval_data_command(files_model, data_file, tmp_path, capsys):
 def test_progress_lines_in_a_log(data_file, capsys):
     """stderr is not a terminal here (a log file): one plain line per batch, no bar."""
     turns = conversation_turns(load_records(data_file))
-    score_turns(Rigged(says_ok), TOK, turns, SamplerConfig(sampler="ar", max_new_tokens=8),
+    score_turns(Rigged(says_ok), TOK, turns, sampler_config("ar", max_new_tokens=8),
                 batch_size=4, progress=True)
     lines = capsys.readouterr().err.strip().splitlines()
     assert [line.split("  ")[0] for line in lines] == ["eval: 4/7 turns", "eval: 7/7 turns"]

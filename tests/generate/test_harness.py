@@ -129,9 +129,12 @@ def test_lm_eval_masked_diffusion_elbo_and_unanswerable_family(export, tmp_path,
     out = evaluate(export("bd3lm", 4), ["tiny_mc"], tmp_path, mc_samples=4, batch_size=4)
     assert all(math.isfinite(s["resps"][0][0][0]) for s in out["samples"]["tiny_mc"])
     # A family without a scorer (as bd3lm was before block_elbo) gets a clear error.
-    from dlmkit import strategies
+    import dataclasses
 
-    monkeypatch.setattr(strategies.get("bd3lm"), "likelihood", None)
+    from dlmkit import families
+
+    monkeypatch.setitem(families._REGISTRY, "bd3lm",
+                        dataclasses.replace(families.get("bd3lm"), likelihood=None))
     with pytest.raises(ValueError, match=r"strategy 'bd3lm' cannot score a continuation; "
                                          r"families that can: .*ar.* \(exact\), mdlm, scdd "
                                          r"\(Monte-Carlo ELBO\)"):

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from dlmkit import strategies
+from dlmkit import families
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
 from dlmkit.generate.likelihood import block_elbo, elbo, masked_elbo
 from dlmkit.generate.runner import Runner
@@ -121,7 +121,7 @@ def test_scdd_scores_over_the_tokens_its_loss_and_decoder_use():
     """scdd's loss and decoder exclude the MASK logit (the loss's gradient there is exactly 0),
     so its score must not move when that logit does; the score is the enumerated bound with
     log-probs over the non-mask tokens."""
-    scorer = strategies.get("scdd").likelihood
+    scorer = families.get("scdd").likelihood
 
     def bumped(ids, pos):
         logits = reading(ids, pos)

@@ -16,15 +16,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlmkit.generate import SamplerConfig, load
-from dlmkit.generate.block import sample_blocks
+from dlmkit.families.bd3lm.decode import sample_blocks
+from dlmkit.families.bd3lm.strategy import BD3LMStrategy
+from dlmkit.families.mdlm.decode import infill_masked, sample_masked
+from dlmkit.families.mdlm.strategy import MDLMStrategy
+from dlmkit.families.scdd.decode import sample_scdd
+from dlmkit.families.scdd.strategy import SCDDStrategy
+from dlmkit.generate import load, sampler_config
 from dlmkit.generate.likelihood import block_elbo, masked_elbo
-from dlmkit.generate.masked import infill_masked, sample_masked
 from dlmkit.generate.runner import Runner
-from dlmkit.generate.scdd import sample_scdd
-from dlmkit.strategies.bd3lm import BD3LMStrategy
-from dlmkit.strategies.mdlm import MDLMStrategy
-from dlmkit.strategies.scdd import SCDDStrategy
 
 from .helpers import MASK, STOPS, TOK, Rigged, V, positional_logits, prompt_ids, tiny_model
 
@@ -88,7 +88,7 @@ PROMPTS = prompt_ids("abc", "hello world", "x")
 ])
 def test_mdlm_sampler_reads_the_shifted_logits(options):
     def decode(model, shift):
-        cfg = SamplerConfig.from_options("mdlm", logit_shift=shift, **options)
+        cfg = sampler_config("mdlm", logit_shift=shift, **options)
         return sample_masked(_runner(model), PROMPTS, cfg, mask_id=MASK, pad_id=PAD,
                              stop_ids=STOPS, generator=_gens(3))
 
@@ -105,7 +105,7 @@ def test_mdlm_cached_decoding_reads_the_shifted_logits(cache):
         return 97 + (p * 7) % 23
 
     def decode(fn, shift):
-        cfg = SamplerConfig.from_options("mdlm", max_new_tokens=12, steps=6, block_size=4,
+        cfg = sampler_config("mdlm", max_new_tokens=12, steps=6, block_size=4,
                                          cache=cache, logit_shift=shift)
         return sample_masked(_runner(Rigged(fn)), PROMPTS, cfg, mask_id=MASK, pad_id=PAD,
                              stop_ids=STOPS, generator=_gens(3))
@@ -120,7 +120,7 @@ def test_mdlm_cached_decoding_reads_the_shifted_logits(cache):
 @pytest.mark.parametrize("revise", [False, True])
 def test_scdd_sampler_reads_the_shifted_logits(revise):
     def decode(model, shift):
-        cfg = SamplerConfig.from_options("scdd", max_new_tokens=8, steps=6, temperature=1.0,
+        cfg = sampler_config("scdd", max_new_tokens=8, steps=6, temperature=1.0,
                                          revise=revise, logit_shift=shift)
         return sample_scdd(_runner(model), PROMPTS, cfg, mask_id=MASK, pad_id=PAD,
                            generator=_gens(3))
@@ -135,7 +135,7 @@ def test_bd3lm_sampler_reads_the_shifted_logits():
     prompts = prompt_ids("abcd", "hi", "a longer prompt")  # ends at and off block boundaries
 
     def decode(model, shift):
-        cfg = SamplerConfig.from_options("bd3lm", max_new_tokens=12, steps=12, block_size=S,
+        cfg = sampler_config("bd3lm", max_new_tokens=12, steps=12, block_size=S,
                                          logit_shift=shift)
         return sample_blocks(_runner(model), prompts, cfg, mask_id=MASK, pad_id=PAD,
                              stop_ids=STOPS, generator=_gens(3))
@@ -153,7 +153,7 @@ def test_bd3lm_cached_decoding_keeps_the_block_head():
     prompts = prompt_ids("abcd", "hi", "a longer prompt")
 
     def decode(fn, shift):
-        cfg = SamplerConfig.from_options("bd3lm", max_new_tokens=12, steps=12, block_size=S,
+        cfg = sampler_config("bd3lm", max_new_tokens=12, steps=12, block_size=S,
                                          cache="prefix", logit_shift=shift)
         return sample_blocks(_runner(Rigged(fn)), prompts, cfg, mask_id=MASK, pad_id=PAD,
                              stop_ids=STOPS, generator=_gens(3))
@@ -167,11 +167,11 @@ def test_infill_with_the_shift():
     seqs = [[97, MASK, MASK, 98, MASK, 99], [100, 101, MASK, MASK]]
 
     def fill(m, shift, cache="none"):
-        cfg = SamplerConfig.from_options("mdlm", steps=5, logit_shift=shift, cache=cache)
+        cfg = sampler_config("mdlm", steps=5, logit_shift=shift, cache=cache)
         return infill_masked(_runner(m), seqs, cfg, mask_id=MASK, pad_id=PAD, generator=_gens(2))
 
     assert fill(NextToken(model), True) == fill(model, False)
-    cfg = SamplerConfig.from_options("mdlm", steps=2, logit_shift=True)
+    cfg = sampler_config("mdlm", steps=2, logit_shift=True)
     with pytest.raises(ValueError, match=r"sequences\[1\] starts with a mask token.*logit_shift"):
         infill_masked(_runner(model), [[97, MASK], [MASK, 98]], cfg, mask_id=MASK, pad_id=PAD,
                       generator=_gens(2))
@@ -262,9 +262,9 @@ def test_the_option_is_checked():
                                          r"false\), got 1"):
         MDLMStrategy({"logit_shift": 1}, mask_token_id=MASK, vocab_size=V)
     with pytest.raises(ValueError, match="logit_shift must be True or False"):
-        SamplerConfig.from_options("mdlm", logit_shift="yes")
+        sampler_config("mdlm", logit_shift="yes")
     with pytest.raises(ValueError, match="does not use option.*logit_shift"):
-        SamplerConfig.from_options("idlm", block_size=4, logit_shift=True)
+        sampler_config("idlm", block_size=4, logit_shift=True)
 
 
 # -- export -----------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from dlmkit.generate import SamplerConfig, generate, infill
+from dlmkit import families
+from dlmkit.families.scdd.decode import step_weights
+from dlmkit.generate import generate, infill, sampler_config
 from dlmkit.generate.runner import Runner
-from dlmkit.generate.scdd import step_weights
 
 from .helpers import (
     MASK,
@@ -23,7 +24,7 @@ TEXTS = ["rev abc", "sort 31", "99+1=", "x"]  # ragged
 
 
 def run(model, sampler, texts=TEXTS, **options):
-    return generate(model, TOK, texts, SamplerConfig.from_options(sampler, **options))
+    return generate(model, TOK, texts, sampler_config(sampler, **options))
 
 
 def check_clean(result, max_new):
@@ -128,7 +129,7 @@ def test_per_row_stop_ends_early_and_strips_fill():
 def test_infill_respects_spans():
     seq = [*prompt_ids("rev abc")[0], 99, MASK, MASK, 97, MASK, TOK.end_of_turn_token_id]
     short = [*prompt_ids("x")[0], MASK, 98]
-    result = infill(tiny_model(), TOK, [seq, short], SamplerConfig("mdlm", threshold=0.5))
+    result = infill(tiny_model(), TOK, [seq, short], families.get("mdlm").sampling(threshold=0.5))
     for before, after in zip([seq, short], result.tokens):
         assert len(after) == len(before) and MASK not in after
         assert all(a == b for a, b in zip(after, before) if b != MASK)
@@ -289,14 +290,14 @@ def test_pad_to_fills_every_row_to_the_trained_length(sampler, options):
 
 
 def test_pad_to_gives_a_prompt_that_long_max_new_tokens():
-    config = SamplerConfig.from_options("mdlm", pad_to=10, max_new_tokens=4)
+    config = sampler_config("mdlm", pad_to=10, max_new_tokens=4)
     assert config.canvas_widths([3, 9, 10, 25]) == [7, 1, 4, 4]
     assert config.steps is None and config.block_size is None  # the batch's width decides
     batch = config.for_width(7)
     assert (batch.max_new_tokens, batch.steps, batch.block_size, batch.pad_to) == (7, 7, 7, None)
-    blocks = SamplerConfig.from_options("mdlm", pad_to=10, block_size=4, steps=2).for_width(7)
+    blocks = sampler_config("mdlm", pad_to=10, block_size=4, steps=2).for_width(7)
     assert (blocks.max_new_tokens, blocks.steps, blocks.block_size) == (8, 2, 4)
     with pytest.raises(ValueError, match="pad_to must be an int >= 1"):
-        SamplerConfig.from_options("mdlm", pad_to=0)
+        sampler_config("mdlm", pad_to=0)
     with pytest.raises(ValueError, match="does not use option.*pad_to"):
-        SamplerConfig.from_options("bd3lm", pad_to=10, block_size=4)
+        sampler_config("bd3lm", pad_to=10, block_size=4)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dlmkit.generate.masked import split_steps
+from dlmkit.generate.commit import split_steps
 from dlmkit.generate.primitives import (
     confidence,
     sample_tokens,
@@ -62,9 +62,9 @@ def test_factor_rule_and_at_least_one_per_step():
 
 
 def test_commit_rule_options_are_checked():
-    from dlmkit.generate import SamplerConfig
+    from dlmkit.generate import sampler_config
 
-    ok = SamplerConfig.from_options("bd3lm", block_size=4, factor=1.0, cache="prefix")
+    ok = sampler_config("bd3lm", block_size=4, factor=1.0, cache="prefix")
     assert ok.factor == 1.0 and ok.cache == "prefix"
     for options, message in [
         (dict(threshold=0.0), r"threshold must be a number in \(0, 1\], got 0.0"),
@@ -76,17 +76,17 @@ def test_commit_rule_options_are_checked():
         (dict(cache="exact"), r"cache must be one of"),
     ]:
         with pytest.raises(ValueError, match=message):
-            SamplerConfig.from_options("bd3lm", block_size=4, **options)
+            sampler_config("bd3lm", block_size=4, **options)
     with pytest.raises(ValueError, match=r"cache must be one of \('none', 'prefix', 'dual'\)"):
-        SamplerConfig.from_options("mdlm", cache="full")
+        sampler_config("mdlm", cache="full")
     with pytest.raises(ValueError, match=r"does not use option\(s\) \['cache'\]"):
-        SamplerConfig.from_options("scdd", cache="prefix")
+        sampler_config("scdd", cache="prefix")
     with pytest.raises(ValueError, match=r"revise must be True or False, got 'yes'"):
-        SamplerConfig.from_options("scdd", revise="yes")
+        sampler_config("scdd", revise="yes")
     with pytest.raises(ValueError, match=r"does not use option\(s\) \['revise'\]"):
-        SamplerConfig.from_options("mdlm", revise=True)
+        sampler_config("mdlm", revise=True)
     with pytest.raises(ValueError, match=r"must divide max_new_tokens=12 .*\[1, 2, 3, 4, 6, 12\]"):
-        SamplerConfig.from_options("mdlm", max_new_tokens=12, block_size=5)
+        sampler_config("mdlm", max_new_tokens=12, block_size=5)
 
 
 def test_confidence_in_unit_interval_and_gumbel_seeded():
@@ -111,10 +111,10 @@ def test_confidence_in_unit_interval_and_gumbel_seeded():
 
 
 def test_entropy_confidence_is_finite_when_the_mask_logit_is_excluded():
-    from dlmkit.generate import SamplerConfig
-    from dlmkit.generate.masked import propose
+    from dlmkit.generate import sampler_config
+    from dlmkit.generate.commit import propose
 
-    cfg = SamplerConfig(sampler="mdlm", max_new_tokens=4, remasking="entropy").resolved()
+    cfg = sampler_config("mdlm", max_new_tokens=4, remasking="entropy")
     _, scores = propose(torch.randn(1, 4, 10), cfg, 3, torch.Generator())
     assert bool(torch.isfinite(scores).all()) and bool(((scores > 0) & (scores <= 1)).all())
     # A confident proposal (all mass on one token once MASK is excluded) scores ~1, so a

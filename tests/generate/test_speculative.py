@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from dlmkit.data import get_task
-from dlmkit.generate import SamplerConfig, generate
-from dlmkit.generate.api import encode_prompt
-from dlmkit.generate.speculative import (
-    DFlashPair,
+from dlmkit.families.dflash.decode import (
     accept,
     speculative_decode,
     speculative_decode_batch,
 )
+from dlmkit.families.dflash.pair import DFlashPair
+from dlmkit.generate import generate, sampler_config
+from dlmkit.generate.api import encode_prompt
 from dlmkit.models.dflash import DFlashDraftConfig, DFlashDrafter
 from tests.generate.helpers import MASK, STOPS, TOK, V, tiny_model
 
@@ -65,7 +65,7 @@ def tied(target, ids, continuation, tolerance=1e-4) -> bool:
 
 
 def greedy_reference(target, prompts, max_new):
-    out = generate(target, TOK, prompts, SamplerConfig.from_options("ar", max_new_tokens=max_new))
+    out = generate(target, TOK, prompts, sampler_config("ar", max_new_tokens=max_new))
     return out.tokens
 
 
@@ -139,7 +139,7 @@ def test_sampler_dflash_through_generate_with_a_real_drafter():
     target = tiny_model(0)
     prompts = ["1+2=", "33+4=", "5+60="]
     pair = DFlashPair(target, drafter_for(target))
-    got = generate(pair, TOK, prompts, SamplerConfig.from_options(
+    got = generate(pair, TOK, prompts, sampler_config(
         "dflash", block_size=BS, max_new_tokens=10))
     assert got.tokens == greedy_reference(target, prompts, 10)
     assert got.forwards == pair.stats["target_calls"]  # batched: one call for every row

@@ -90,7 +90,7 @@ def serve(export):
         if key not in running:
             loaded = load(export(strategy))
             if draft:
-                from dlmkit.generate.speculative import attach_draft
+                from dlmkit.families.dflash.pair import attach_draft
                 from tests.generate.test_cli_checks import save_drafter
 
                 drafter = save_drafter(export(strategy).parent / "drafter", export(strategy))

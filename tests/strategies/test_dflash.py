@@ -158,7 +158,7 @@ def test_target_is_frozen_and_not_optimised():
 def test_train_logs_draft_accuracy_and_exports_a_speculative_model(tmp_path):
     from dlmkit.cli import main
     from dlmkit.generate import load
-    from dlmkit.generate.speculative import DFlashPair
+    from dlmkit.families.dflash.pair import DFlashPair
 
     run_dir = tmp_path / "run"
     main(cli_args(run_dir, "train.steps=2", strategy="dflash"))

@@ -3,15 +3,18 @@ recipe and the samplers take all of that from the strategy, never from a family 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import ClassVar
 
 import pytest
 import torch
 
-from dlmkit import strategies
+from dlmkit import families, strategies
+from dlmkit.families.mdlm.options import MDLMSampling
+from dlmkit.families.mdlm.strategy import MDLMStrategy
 from dlmkit.generate import SAMPLERS, load
-from dlmkit.generate.api import DECODERS, strategy_samplers
-from dlmkit.strategies.mdlm import MDLMStrategy
+from dlmkit.generate.api import decoders
 from dlmkit.train.distributed import World
 from dlmkit.train.recipe import build_components
 from tests.train.helpers import config
@@ -20,10 +23,11 @@ CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name", strategies.names())
-def test_every_strategy_names_a_sampler_that_exists(name):
-    sampler = strategies.get(name).sampler
-    assert sampler in SAMPLERS and sampler in DECODERS, (name, sampler)
-    assert strategy_samplers()[name] == sampler
+def test_every_family_record_holds_its_strategy_decoder_and_options(name):
+    family = families.get(name)
+    assert strategies.get(name) is family.strategy and family.strategy.name == name
+    assert name in SAMPLERS and decoders()[name] is family.decode
+    assert family.sampling.sampler == name
 
 
 class _Probe(MDLMStrategy):
@@ -44,8 +48,15 @@ class _Probe(MDLMStrategy):
         return {"probe": "exported"}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ProbeSampling(MDLMSampling):
+    sampler: ClassVar[str] = "probe"
+
+
 def test_recipe_builds_the_model_through_the_strategy(monkeypatch, tmp_path):
-    monkeypatch.setitem(strategies._REGISTRY, "probe", _Probe)
+    mdlm = families.get("mdlm")
+    monkeypatch.setitem(families._REGISTRY, "probe", dataclasses.replace(
+        mdlm, name="probe", strategy=_Probe, sampling=_ProbeSampling))
     _Probe.calls = []
     cfg = config("strategy.name=probe", "train.steps=1", strategy="mdlm",
                  output_dir=tmp_path / "run")
@@ -62,7 +73,8 @@ def test_recipe_builds_the_model_through_the_strategy(monkeypatch, tmp_path):
     recipe.run(cfg)
     meta = json.loads((tmp_path / "run" / "final" / "dlmkit.json").read_text())
     assert meta["strategy"] == "probe" and meta["probe"] == "exported"
-    assert load(tmp_path / "run" / "final").config().sampler == "mdlm"
+    # the export decodes with its family's own sampler, with the options the registry names
+    assert load(tmp_path / "run" / "final").config().sampler == "probe"
 
 
 def test_plain_model_directory_needs_an_explicit_sampler(tmp_path):

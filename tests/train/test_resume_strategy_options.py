@@ -5,7 +5,7 @@ its model preset, the family's when ``model.name`` is unset."""
 from __future__ import annotations
 
 from dlmkit.cli import main
-from dlmkit.strategies.scdd import SCDDStrategy
+from dlmkit.families.scdd.strategy import SCDDStrategy
 from dlmkit.train import load_config
 from dlmkit.train.config import load_yaml
 from dlmkit.train.resume import plan_resume

@@ -41,12 +41,15 @@ from collections.abc import Sequence
 import torch
 
 from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
+from dlmkit.families.mdlm.decode import infill_masked
+from dlmkit.families.mdlm.options import MDLMSampling
+from dlmkit.generate.commit import masked_canvas, own_canvases
+from dlmkit.generate.config import SamplerConfig
+from dlmkit.generate.primitives import gumbel
+from dlmkit.generate.runner import Runner, left_pad, positions
 from dlmkit.masks.bidirectional import bidirectional
 
-from .config import SamplerConfig
-from .masked import masked_canvas
-from .primitives import gumbel
-from .runner import Runner, left_pad, positions
+from .options import SCDDSampling
 
 
 def _model_probs(logits: torch.Tensor, mask_id: int, temperature: float) -> torch.Tensor:
@@ -103,7 +106,7 @@ def release_weights(z: torch.Tensor, p: torch.Tensor, t: float, s: float, mask_i
 
 def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
                 mask_id: int, pad_id: int, generator: torch.Generator) -> torch.Tensor:
-    """Generated tokens ``[B, W]`` (as :func:`~dlmkit.generate.masked.sample_masked`'s)."""
+    """Generated tokens ``[B, W]`` (as :func:`~dlmkit.families.mdlm.decode.sample_masked`'s)."""
     schedule = {"max_ratio": cfg.max_ratio, "gamma_shape": cfg.gamma_shape,
                 "t_peak": cfg.t_peak}
     check_scdd_params(**schedule)
@@ -142,3 +145,16 @@ def sample_scdd(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerCo
     logits = canvas_logits().clone()
     logits[..., mask_id] = float("-inf")
     return torch.where(inside, logits.argmax(-1), pad_id)
+
+
+def decode(runner: Runner, encoded, cfg: SCDDSampling, *, stop_ids, **ids) -> list[list[int]]:
+    """The scdd sampler (:class:`~dlmkit.families.family.Family` ``decode``)."""
+    return own_canvases(sample_scdd(runner, encoded, cfg, **ids), encoded, cfg)
+
+
+def infill(runner: Runner, sequences, cfg: SCDDSampling, **ids) -> list[list[int]]:
+    """Infilling of an scdd export: its layout is mdlm's (one bidirectional canvas), so the
+    masked-diffusion sampler fills the spans, with its commit rules at their defaults."""
+    masked = MDLMSampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          seed=cfg.seed, steps=cfg.steps, logit_shift=cfg.logit_shift)
+    return infill_masked(runner, sequences, masked.resolved(), **ids)

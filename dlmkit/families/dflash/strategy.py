@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from dlmkit.diffusion import DFlashDecayLoss
+from dlmkit.families.dflash.pair import check_pair
+from dlmkit.families.strategy import Strategy
 from dlmkit.masks import dflash
 from dlmkit.masks.causal import padded_causal
 from dlmkit.models import mask_argument
-
-from .base import Strategy
 
 # The reference's decay by block size (DFlash paper); other sizes use max(2, bs / 2).
 _GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -64,7 +64,6 @@ def read_target_config(path) -> dict:
 
 class DFlashStrategy(Strategy):
     name = "dflash"
-    sampler = "dflash"
     default_model = "dflash-tiny"
     options = {"target": None, "target_layer_ids": None, "num_target_layers": 3,
                "block_size": 8, "num_blocks_per_sample": 4, "overlap": True, "gamma": None,
@@ -160,7 +159,7 @@ class DFlashStrategy(Strategy):
 
     @classmethod
     def load_model(cls, path, *, attention="sdpa", device="cpu"):
-        from dlmkit.generate.speculative import load_pair
+        from dlmkit.families.dflash.pair import load_pair
 
         return load_pair(path, device=device, attention=attention)
 
@@ -283,21 +282,3 @@ class DFlashStrategy(Strategy):
                            lm_head_bias=head.bias, num_tokens=denominators["num_tokens"])
         dropped = torch.tensor(float(prepared["dropped_samples"]))
         return out._replace(extras={**out.extras, "dropped_samples": dropped})
-
-
-def check_pair(draft_config, hidden_size: int, vocab_size: int, layer_ids=None,
-               block_size: int | None = None, *, where: str = "drafter") -> None:
-    """A drafter fits a target: same hidden size and vocabulary (it borrows the target's
-    embeddings and LM head), and (when given) the same context layers and block size."""
-    if draft_config.hidden_size != hidden_size:
-        raise ValueError(f"{where}: drafter hidden size {draft_config.hidden_size} does not match "
-                         f"the target's {hidden_size}")
-    if draft_config.vocab_size is not None and draft_config.vocab_size != vocab_size:
-        raise ValueError(f"{where}: drafter vocabulary {draft_config.vocab_size} does not match "
-                         f"the target's {vocab_size}")
-    if layer_ids is not None and list(draft_config.target_layer_ids) != list(layer_ids):
-        raise ValueError(f"{where}: drafter reads target layers {draft_config.target_layer_ids}, "
-                         f"the strategy asks for {list(layer_ids)}")
-    if block_size is not None and draft_config.block_size != block_size:
-        raise ValueError(f"{where}: drafter block size {draft_config.block_size} differs from "
-                         f"strategy.block_size {block_size}")

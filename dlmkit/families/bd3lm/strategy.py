@@ -6,15 +6,12 @@ import torch
 
 from dlmkit.diffusion import MDLMLoss
 from dlmkit.diffusion.losses import predictor_rows
+from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks import block_diffusion
-
-from .twostream import TwoStreamStrategy
 
 
 class BD3LMStrategy(TwoStreamStrategy):
     name = "bd3lm"
-    sampler = "bd3lm"
-    likelihood = "block_elbo"
     # Per-block mask probability in [t_min, t_max), stratified over the global batch. The
     # clipped t_min bounds the 1/p weights (measured on the suite:
     # docs/families/bd3lm.md#why-these-defaults).

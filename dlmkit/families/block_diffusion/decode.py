@@ -51,12 +51,11 @@ from collections.abc import Sequence
 import torch
 
 from dlmkit.diffusion.rng import Generators, check_generator
+from dlmkit.generate.config import SamplerConfig
+from dlmkit.generate.primitives import confidence, scheduled_count, select_transfers
+from dlmkit.generate.runner import Runner, left_pad, positions, rule_mask
 from dlmkit.masks import canvas_encoder
 from dlmkit.models import diffusion_gemma as dg
-
-from .config import SamplerConfig
-from .primitives import confidence, scheduled_count, select_transfers
-from .runner import Runner, left_pad, positions, rule_mask
 
 
 def _uniform_tokens(generator: Generators, batch: int, width: int, vocab: int, device):
@@ -240,3 +239,8 @@ def _rows(mask, start: int, length: int, batch: int, device):
 
     return rule_mask(rule, length - start, length, max(batch, mask.batch), "encoder_rows",
                      device)
+
+
+def decode(runner: Runner, encoded, cfg: SamplerConfig, *, mask_id, **ids) -> list[list[int]]:
+    """The block_diffusion sampler (:class:`~dlmkit.families.family.Family` ``decode``)."""
+    return sample_canvas(runner, encoded, cfg, **ids).tolist()

@@ -43,10 +43,9 @@ import torch
 
 from dlmkit.diffusion import BlockDiffusionLoss, LossOutput, corrupt_uniform_random, encoder_ar_loss
 from dlmkit.diffusion.rng import draw_rows
+from dlmkit.families.strategy import Strategy
 from dlmkit.masks import canvas
 from dlmkit.models import diffusion_gemma as dg
-
-from .base import Strategy
 
 DECODE = ("selected", "all")
 ENCODER_LOSS_TARGETS = ("all", "response")
@@ -74,7 +73,6 @@ def canvas_blocks(runs: list[tuple[int, int]], block_size: int) -> list[tuple[in
 
 class BlockDiffusionStrategy(Strategy):
     name = "block_diffusion"
-    sampler = "block_diffusion"
     default_model = "tiny-diffusion-gemma"
     # The tiny DiffusionGemma learns little at the other families' 3e-3 (measured on the
     # suite, like every default below: docs/families/block_diffusion.md#why-these-defaults).

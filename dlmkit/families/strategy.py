@@ -1,7 +1,8 @@
-"""The strategy interface: everything that is specific to one dLLM family.
+"""The strategy interface: how one dLLM family trains (its folder holds the rest: the decoder,
+the sampler's options, the registry record, :mod:`dlmkit.families`).
 
-A strategy owns its model(s), its corruption, its attention mask, how the model is fed, its
-loss and which sampler decodes it. Once per run the recipe calls:
+A strategy owns its model(s), its corruption, its attention mask, how the model is fed and its
+loss. Once per run the recipe calls:
 
 * ``build_model(spec, ...)`` — the trained model (default: a Hugging Face causal LM from a
   preset or a local directory; a family with another architecture overrides it);
@@ -18,10 +19,9 @@ then, per micro-batch:
 
 So the gradient of a step is the whole-batch token mean whatever the micro-batch/rank split.
 
-For decoding, ``sampler`` names the :mod:`dlmkit.generate` sampler that decodes the export,
-``sampler_defaults(meta, options)`` reads that sampler's defaults from ``dlmkit.json``,
-``export_meta()`` adds the family's own fields to it, and ``load_model(path, ...)`` loads the
-export. Nothing outside ``strategies/`` branches on a family name.
+For the export, ``export_meta()`` adds the family's own fields to ``dlmkit.json`` and
+``load_model(path, ...)`` loads it. Nothing outside ``dlmkit/families/`` branches on a family
+name.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class Strategy:
     # from dlmkit.json): a bidirectional model with relative positions uses the ends of the
     # sequence as landmarks, so they must not move with the batch's longest row.
     fixed_length: bool = False
-    # The generate sampler that decodes this family's export (``dlmkit generate`` default).
-    sampler: str = ""
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
     # The peak learning rate and the step budget used when ``train.lr`` / ``train.steps`` (and
@@ -75,10 +73,6 @@ class Strategy:
     # (dlmkit.train.regime; where each value comes from: docs/finetuning.md).
     finetune_defaults: dict = {"lr": 1.0e-5, "weight_decay": 0.0, "warmup_fraction": 0.03,
                                "ema_decay": 0.0, "epochs": 3}
-    # How the export scores a continuation (lm-eval loglikelihood requests): a scorer of
-    # dlmkit.generate.likelihood ("causal": exact; "masked_elbo", "block_elbo": Monte-Carlo
-    # ELBOs), or None when the family cannot answer them.
-    likelihood: str | None = None
     # Options whose default has changed since config.yaml recorded only the options a user set:
     # the value a checkpoint that does not record one was trained with, so that resuming it
     # continues the same training (dlmkit.train.resume). Every option is recorded now.
@@ -133,22 +127,6 @@ class Strategy:
         first = batch["position_ids"] == 0
         return {**batch, "loss_mask": batch["loss_mask"].masked_fill(first, 0)}
 
-    @classmethod
-    def trained_logit_shift(cls, meta: dict, options: dict) -> bool:
-        """``strategy.logit_shift`` of the export whose ``dlmkit.json`` is ``meta`` (an export
-        without the key was trained without it). It is how the model's logits are read, not a
-        decoding choice: a different ``logit_shift`` in the user's ``options`` is an error."""
-        trained = (meta.get("options") or {}).get("logit_shift", False)
-        if not isinstance(trained, bool):
-            raise ValueError(f"dlmkit.json: options.logit_shift must be true or false, got "
-                             f"{trained!r}")
-        asked = options.get("logit_shift", trained)
-        if asked != trained:
-            raise ValueError(f"logit_shift={asked!r} differs from the model's: it was trained "
-                             f"with logit_shift={trained} (options.logit_shift in dlmkit.json), "
-                             "so its logits must be read that way; omit logit_shift")
-        return trained
-
     def corrupt(self, corruption, batch: dict, generators, *args, **kwargs):
         """``corruption(input_ids, loss_mask, *args, generator=generators, **kwargs)``; the
         families that pack override it to corrupt document by document."""
@@ -192,17 +170,6 @@ class Strategy:
 
     def export_meta(self) -> dict:
         """Fields of ``dlmkit.json`` beyond the common ones (strategy, options, lengths)."""
-        return {}
-
-    @classmethod
-    def sampler_defaults(cls, meta: dict, options: dict) -> dict:
-        """Sampler options read from the export's ``dlmkit.json`` (``meta``); ``options`` are
-        the user's, which win. Default: the trained block size, for samplers that take one."""
-        from dlmkit.generate.config import OPTIONS
-
-        block = meta.get("block_size")
-        if block and "block_size" in OPTIONS.get(cls.sampler, ()):
-            return {"block_size": int(block)}
         return {}
 
     # -- hooks -------------------------------------------------------------------------------

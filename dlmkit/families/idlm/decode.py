@@ -29,9 +29,10 @@ import torch
 
 from dlmkit.diffusion import rng
 from dlmkit.diffusion.rng import Generators
+from dlmkit.generate.primitives import gumbel, sample_tokens
+from dlmkit.generate.stream import CausalStream, exclude, pad_chunks
 
-from .primitives import gumbel, sample_tokens
-from .stream import CausalStream, exclude, pad_chunks
+from .options import IDLMSampling
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -103,3 +104,9 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             known[row] = 1
         stream.commit(keep)
     return out
+
+
+def decode(runner, encoded, cfg: IDLMSampling, **ids) -> list[list[int]]:
+    """The idlm sampler (:class:`~dlmkit.families.family.Family` ``decode``)."""
+    return sample_isd(runner, encoded, max_new_tokens=cfg.max_new_tokens, stride=cfg.block_size,
+                      temperature=cfg.temperature, **ids)

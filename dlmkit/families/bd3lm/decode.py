@@ -1,4 +1,4 @@
-"""Block-diffusion sampler: BD3-LM, and the hybrid model in diffusion mode.
+"""Block-diffusion sampler: BD3-LM, and the hybrid model in diffusion mode (which reuses it).
 
 Trained on ``[x_t | x_0]`` with blocks of ``S`` tokens starting at multiples of ``S`` from
 position 0: a noisy block sees the clean tokens of strictly earlier blocks and itself
@@ -34,10 +34,9 @@ from collections.abc import Sequence
 import torch
 
 from dlmkit.diffusion.rng import Generators
-
-from .config import SamplerConfig
-from .masked import commit_step, shifted_rows
-from .runner import Runner, first_stop, rule_mask
+from dlmkit.generate.commit import commit_step, shifted_rows
+from dlmkit.generate.config import SamplerConfig
+from dlmkit.generate.runner import Runner, first_stop, rule_mask
 
 
 def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,
@@ -91,7 +90,7 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
     cache = runner.new_cache() if cfg.cache == "prefix" else None
     cached = 0  # columns whose clean keys/values are in the cache
     steps = cfg.block_steps()
-    shift = int(cfg.logit_shift)
+    shift = int(getattr(cfg, "logit_shift", False))  # hybrid reuses this sampler without one
     for block in range(num_blocks):
         lo, hi = (K + block) * S, (K + block + 1) * S
         limit = (gen_cols[:, -1:] >= column[lo:hi]).expand(batch, S)
@@ -124,3 +123,8 @@ def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: Sampler
     out = seq.gather(1, gen_cols)
     # Rows that stopped early keep MASK after their stop; it is discarded, fill it anyway.
     return torch.where(out == mask_id, torch.full_like(out, pad_id), out)
+
+
+def decode(runner: Runner, encoded, cfg: SamplerConfig, **ids) -> list[list[int]]:
+    """The bd3lm sampler (:class:`~dlmkit.families.family.Family` ``decode``)."""
+    return sample_blocks(runner, encoded, cfg, clean_causal=False, **ids).tolist()

@@ -8,15 +8,12 @@ of exactly the pairs it scores (supervised tokens that have a predecessor in the
 from __future__ import annotations
 
 from dlmkit.diffusion import LossOutput, next_token_loss
+from dlmkit.families.strategy import Strategy
 from dlmkit.masks.causal import padded_causal
-
-from .base import Strategy
 
 
 class ARStrategy(Strategy):
     name = "ar"
-    sampler = "ar"
-    likelihood = "causal"
     options: dict = {}
     # Like idlm's clean stream, the suite's `arith` sums are learned late (measured on the
     # suite: docs/families/ar.md#why-these-defaults).

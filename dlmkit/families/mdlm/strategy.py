@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dlmkit.diffusion import MDLMLoss
 from dlmkit.diffusion.losses import predictor_rows
+from dlmkit.families.strategy import Strategy
 from dlmkit.masks.bidirectional import bidirectional
-
-from .base import Strategy
 
 
 class MDLMStrategy(Strategy):
     name = "mdlm"
-    sampler = "mdlm"
-    likelihood = "masked_elbo"
     # The mask probability is drawn in [t_min, t_max), stratified over the global batch
     # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
     # t_min clipped as in bd3lm (bounded 1/p weights).
@@ -29,14 +26,6 @@ class MDLMStrategy(Strategy):
     # docs/families/mdlm.md#why-these-defaults).
     default_steps = 6000
     default_lr = 1.0e-3
-
-    @classmethod
-    def sampler_defaults(cls, meta, options):
-        """The trained row length (``pad_to``), unless the user sets the canvas."""
-        defaults = super().sampler_defaults(meta, options)
-        if meta.get("pad_to") and not {"pad_to", "max_new_tokens"} & set(options):
-            defaults["pad_to"] = int(meta["pad_to"])
-        return defaults
 
     def validate(self) -> None:
         self._noise_range_options()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from dlmkit.diffusion.documents import corrupt_documents
-
-from .base import Strategy, doc_ids_of
+from dlmkit.families.strategy import Strategy, doc_ids_of
 
 
 class TwoStreamStrategy(Strategy):

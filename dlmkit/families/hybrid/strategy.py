@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from dlmkit.diffusion import HybridLoss, corrupt_blockwise
 from dlmkit.diffusion.losses import next_token_scored
+from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks.hybrid import hybrid
-
-from .twostream import TwoStreamStrategy
 
 CORRUPTIONS = ("uniform", "blockwise")
 
 
 class HybridStrategy(TwoStreamStrategy):
     name = "hybrid"
-    sampler = "hybrid"
-    likelihood = "causal"  # its clean causal stream (the AR term)
     # t_min/t_max/time_sampling: the uniform corruption's, as in mdlm (one level per
     # document); blockwise draws its level per block from [t_min, t_max), stratified the same
     # way (timesteps.py: per block of each document). t_min 0.2 as for bd3lm/mdlm (measured on
@@ -28,11 +25,6 @@ class HybridStrategy(TwoStreamStrategy):
     # suite: docs/families/hybrid.md#why-these-defaults).
     default_lr = 1.0e-3
     default_steps = 3000
-
-    @classmethod
-    def sampler_defaults(cls, meta, options):
-        # AR mode decodes the clean causal stream: no block.
-        return {} if options.get("mode") == "ar" else super().sampler_defaults(meta, options)
 
     def validate(self) -> None:
         super().validate()

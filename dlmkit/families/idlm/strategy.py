@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from dlmkit.diffusion import IDLMLoss, corrupt_all_masked
 from dlmkit.diffusion.losses import next_token_scored
+from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks import idlm
-
-from .twostream import TwoStreamStrategy
 
 
 class IDLMStrategy(TwoStreamStrategy):
     name = "idlm"
-    sampler = "idlm"
-    likelihood = "causal"  # the clean stream (shifted CE on x_0)
     # The clean stream is what decodes (ISD commits exactly its greedy tokens; the noisy block
     # only proposes), so it gets full weight (measured on the suite:
     # docs/families/idlm.md#why-these-defaults).

@@ -5,20 +5,13 @@ from __future__ import annotations
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
 from dlmkit.diffusion._checks import check_unit_from_zero
 from dlmkit.diffusion.timesteps import check_time_sampling
-
-from .mdlm import MDLMStrategy
-
-SCHEDULE_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")  # shared with the SCDD sampler
+from dlmkit.families.mdlm.strategy import MDLMStrategy
 
 
 class SCDDStrategy(MDLMStrategy):
     """Same layout and denominators as MDLM; its own corruption and loss."""
 
     name = "scdd"
-    sampler = "scdd"
-    # The absorbing-process bound with its denoiser, over the non-mask tokens: SCDDLoss and the
-    # scdd decoder both exclude the MASK logit, which training therefore never fits.
-    likelihood = "masked_elbo_nonmask"
     # t_min / time_sampling: mdlm's defaults (the clipped range and the batch-stratified draw of
     # the diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid (measured on
     # the suite: docs/families/scdd.md#why-these-defaults).
@@ -33,13 +26,6 @@ class SCDDStrategy(MDLMStrategy):
     default_ema_decay = 0.999
     # mdlm's 1e-3 (inherited, stated for the record; docs/families/scdd.md#why-these-defaults).
     default_lr = 1.0e-3
-
-    @classmethod
-    def sampler_defaults(cls, meta, options):
-        # The reverse process must run on the schedule the model was trained with.
-        trained = meta.get("options") or {}
-        return {**super().sampler_defaults(meta, options),
-                **{k: trained[k] for k in SCHEDULE_OPTIONS if k in trained}}
 
     def validate(self) -> None:
         c = self.config

@@ -1,0 +1,67 @@
+"""The family registry: one :class:`Family` record per dLLM family, each from its own folder.
+
+``get(name)`` -> the :class:`Family`, ``names()`` lists them, ``sampling_class(name)`` -> the
+options class of that family's sampler. Adding a family is one folder and one line below
+(docs/adding_a_family.md).
+"""
+
+from __future__ import annotations
+
+from dlmkit.families.family import Drafting, Family
+from dlmkit.families.strategy import Strategy
+
+from . import ar, bd3lm, block_diffusion, dflash, hybrid, idlm, mdlm, scdd
+
+_REGISTRY: dict[str, Family] = {f.name: f for f in (
+    mdlm.FAMILY,
+    scdd.FAMILY,
+    hybrid.FAMILY,
+    idlm.FAMILY,
+    bd3lm.FAMILY,
+    ar.FAMILY,
+    dflash.FAMILY,
+    block_diffusion.FAMILY,
+)}
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get(name: str) -> Family:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def sampling_class(sampler: str):
+    """The options class of ``sampler`` (a family's name)."""
+    if sampler not in _REGISTRY:
+        raise ValueError(f"sampler must be one of {tuple(_REGISTRY)}, got {sampler!r}")
+    return _REGISTRY[sampler].sampling
+
+
+def register(family: Family) -> None:
+    """Add a family defined outside dlmkit's tree (your own package, a notebook, a test) for
+    this process: training, ``generate``, ``eval``, ``serve`` and ``rl`` then take it like a
+    built-in one. A family of dlmkit's own tree is one line in the tuple above instead."""
+    if not isinstance(family, Family):
+        raise TypeError(f"register() takes a dlmkit.families.Family, got "
+                        f"{type(family).__name__}")
+    if family.name in _REGISTRY:
+        raise ValueError(f"a family named {family.name!r} is already registered")
+    _REGISTRY[family.name] = family
+
+
+def plain_causal() -> str:
+    """The sampler that decodes a plain causal LM (a model directory without dlmkit.json)."""
+    return next(n for n, f in _REGISTRY.items() if f.plain_causal)
+
+
+def drafting() -> tuple[str, Drafting]:
+    """``(sampler, Drafting)`` of the family whose drafter decodes a target (``--draft``)."""
+    return next((n, f.drafting) for n, f in _REGISTRY.items() if f.drafting is not None)
+
+
+__all__ = ["Drafting", "Family", "Strategy", "drafting", "get", "names", "plain_causal",
+           "register", "sampling_class"]

@@ -1,0 +1,14 @@
+"""Hybrid AR + diffusion: block diffusion over a token-causal clean stream that is also a
+causal LM."""
+
+from dlmkit.families.family import Family
+
+from .decode import decode
+from .options import HybridSampling
+from .strategy import HybridStrategy
+
+FAMILY = Family(
+    name="hybrid", paper="hybrid autoregressive + diffusion (block diffusion with an AR term)",
+    trains="block diffusion plus next-token loss on a token-causal clean stream",
+    strategy=HybridStrategy, sampling=HybridSampling, decode=decode, likelihood="causal",
+    also_decoded_by=("ar",))
