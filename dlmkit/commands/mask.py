@@ -12,8 +12,13 @@ def add_parser(subparsers) -> None:
                                    description="List, draw and benchmark attention masks.")
     sub = parser.add_subparsers(dest="mask_command", metavar="{list,show,bench}", required=True)
 
-    sub.add_parser("list", help="list the masks that `show` and `bench` know").set_defaults(
-        func=run_list)
+    listing = sub.add_parser(
+        "list", help="list the masks that `show` and `bench` know, with their part: engine "
+                     "(the masks dlmkit's families train and decode with) or catalogue (the "
+                     "attention-gym patterns)")
+    listing.add_argument("--part", choices=("engine", "catalogue"),
+                         help="list only this part's masks")
+    listing.set_defaults(func=run_list)
 
     show = sub.add_parser(
         "show", help="draw a mask in the terminal or to a PNG",
@@ -54,10 +59,14 @@ def _positive(name: str, value: int) -> int:
 
 
 def run_list(args) -> int:
-    from dlmkit.masks.catalog import examples
+    from dlmkit.masks.catalog import PARTS, examples
 
-    for name in examples():
-        print(name)
+    parts = [args.part] if args.part else list(PARTS)
+    names = {part: examples(part) for part in parts}
+    width = max(len(n) for found in names.values() for n in found)
+    for name in sorted(n for found in names.values() for n in found):
+        part = next(p for p in parts if name in names[p])
+        print(f"{name:<{width}}  {part}")
     return 0
 
 

@@ -70,3 +70,15 @@ def test_mask_show_sta_draws_the_length_asked(capsys):
     out = capsys.readouterr().out
     assert ": batch 1, 32 queries x 32 keys" in out
     assert "q_len=32, kv_len=32" in out
+
+
+def test_mask_list_names_each_mask_with_its_part(capsys):
+    from dlmkit.masks.catalog import part_of
+
+    assert main(["mask", "list"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [name for name, _ in rows] == list(examples())
+    assert all(part == part_of(name) for name, part in rows)
+    assert main(["mask", "list", "--part", "engine"]) == 0
+    engine = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert engine == list(examples("engine")) and "idlm" in engine and "vsa" not in engine
