@@ -8,6 +8,7 @@ options class of that family's sampler. Adding a family is one folder and one li
 from __future__ import annotations
 
 from dlmkit.families.family import Drafting, Family
+from dlmkit.families.options import describe as describe_options
 from dlmkit.families.strategy import Strategy
 
 from . import ar, bd3lm, block_diffusion, dflash, hybrid, idlm, mdlm, scdd
@@ -22,6 +23,9 @@ _REGISTRY: dict[str, Family] = {f.name: f for f in (
     dflash.FAMILY,
     block_diffusion.FAMILY,
 )}
+
+# The family `dlmkit train` trains with no config (the embedded default, docs/training.md).
+DEFAULT = "bd3lm"
 
 
 def names() -> list[str]:
@@ -53,6 +57,16 @@ def register(family: Family) -> None:
     _REGISTRY[family.name] = family
 
 
+def training_help(name: str) -> str:
+    """The training options (``strategy.<option>``) of family ``name``: each with its
+    default, what it accepts and its help, for ``dlmkit train --help`` / ``--print-config``."""
+    family = get(name)
+    if isinstance(family.training, dict):  # a strategy written before options were typed
+        listed = ", ".join(f"{k}={v!r}" for k, v in family.training.items()) or "none"
+        return f"strategy.<option> of {name} (no help recorded): {listed}"
+    return describe_options(family.training, family=name)
+
+
 def plain_causal() -> str:
     """The sampler that decodes a plain causal LM (a model directory without dlmkit.json)."""
     return next(n for n, f in _REGISTRY.items() if f.plain_causal)
@@ -63,5 +77,5 @@ def drafting() -> tuple[str, Drafting]:
     return next((n, f.drafting) for n, f in _REGISTRY.items() if f.drafting is not None)
 
 
-__all__ = ["Drafting", "Family", "Strategy", "drafting", "get", "names", "plain_causal",
-           "register", "sampling_class"]
+__all__ = ["DEFAULT", "Drafting", "Family", "Strategy", "drafting", "get", "names", "plain_causal",
+           "register", "sampling_class", "training_help"]
