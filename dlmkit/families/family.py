@@ -52,6 +52,8 @@ class Family:
         plain_causal: its sampler decodes any Hugging Face causal LM as it is (a model
             directory without ``dlmkit.json``).
         drafting: speculative decoding with this family's drafter export (``--draft``).
+        training: the training options class (``strategy.<option>``, a frozen dataclass of
+            :mod:`dlmkit.families.options`); default: ``strategy.options``, which it must be.
     """
 
     name: str
@@ -66,8 +68,15 @@ class Family:
     infill: Callable | None = None
     plain_causal: bool = False
     drafting: Drafting | None = None
+    training: type | dict | None = None
 
     def __post_init__(self) -> None:
         if self.strategy.name != self.name or self.sampling.sampler != self.name:
             raise RuntimeError(f"internal error: family {self.name!r} has strategy "
                                f"{self.strategy.name!r} and sampler {self.sampling.sampler!r}")
+        if self.training is None:
+            object.__setattr__(self, "training", self.strategy.options)
+        elif self.training is not self.strategy.options:
+            raise RuntimeError(f"internal error: family {self.name!r} has training options "
+                               f"{self.training!r} but its strategy takes "
+                               f"{self.strategy.options!r}")

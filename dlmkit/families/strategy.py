@@ -31,16 +31,28 @@ from typing import Any
 import torch
 
 from dlmkit.diffusion.corruption import corrupt_uniform
-from dlmkit.diffusion.timesteps import check_time_sampling, strata
+from dlmkit.diffusion.timesteps import strata
+from dlmkit.families.options import NoOptions, TrainingOptions
+from dlmkit.families.options import check as check_options
+from dlmkit.families.options import defaults as option_defaults
 from dlmkit.masks import MaskCache
 from dlmkit.models import build_model, forward_logits, load_exported
 
 
 class Strategy:
-    """Base class; subclasses set ``name``, ``options`` (defaults) and implement the hooks."""
+    """Base class; subclasses set ``name``, ``options`` and implement the hooks.
+
+    ``options``: the family's training options, a frozen dataclass deriving
+    :class:`~dlmkit.families.options.TrainingOptions` (one field per ``strategy.<option>``
+    with its default, help and what it accepts; checked before ``validate()`` runs).
+    :meth:`defaults` gives them as a dict. A strategy written before options were typed may
+    still set a dict of defaults: only unknown keys are then rejected here, its ``validate()``
+    checks the values. ``self.config``: the resolved values, a dict (what ``dlmkit.json`` and
+    ``config.yaml`` record).
+    """
 
     name: str = ""
-    options: dict[str, Any] = {}
+    options: type[TrainingOptions] | dict[str, Any] = NoOptions
     supports_packing: bool = False
     # Block-align each sample's final response, not the whole sample (canvas blocks that
     # start at the response: the collator's ``fill_from_response``).
@@ -56,8 +68,8 @@ class Strategy:
     # The model preset used when ``model.name`` is not set (the family's architecture).
     default_model: str = "tiny-llama"
     # The peak learning rate and the step budget used when ``train.lr`` / ``train.steps`` (and
-    # ``train.epochs``) are not set: measured on tests/suite (each family's evidence:
-    # docs/families/<family>.md#why-these-defaults).
+    # ``train.epochs``) are not set. Every default_* below is a family's measured choice:
+    # the evidence is docs/families/<family>.md#why-these-defaults (and docs/suite.md).
     default_lr: float = 3.0e-3
     default_steps: int = 1200
     # The warmup used when ``train.warmup_steps`` is not set: None = 10% of the steps
@@ -66,8 +78,7 @@ class Strategy:
     # The weight average (dlmkit.train.ema) used when ``train.ema_decay`` is not set (0.0 =
     # none).
     default_ema_decay: float = 0.0
-    # AdamW's weight decay on matrices when ``train.weight_decay`` is not set, from scratch
-    # (docs/suite.md: the suite's small training sets overfit at 0.01).
+    # AdamW's weight decay on matrices when ``train.weight_decay`` is not set, from scratch.
     default_weight_decay: float = 0.5
     # What an unset train key becomes when fine-tuning a pretrained checkpoint
     # (dlmkit.train.regime; where each value comes from: docs/finetuning.md).
@@ -81,11 +92,14 @@ class Strategy:
     def __init__(self, options: dict | None = None, *, mask_token_id: int, vocab_size: int,
                  loss_chunk_size: int | None = None) -> None:
         options = dict(options or {})
-        unknown = sorted(set(options) - set(self.options))
-        if unknown:
-            raise ValueError(f"strategy {self.name!r}: unknown option(s) {unknown}; valid: "
-                             f"{sorted(self.options) or 'none'}")
-        self.config = {**self.options, **options}
+        self.config = {**self.defaults(), **options}
+        if isinstance(self.options, dict):  # untyped options: the family's validate() checks
+            unknown = sorted(set(options) - set(self.options))
+            if unknown:
+                raise ValueError(f"strategy {self.name!r}: unknown option(s) {unknown}; valid: "
+                                 f"{sorted(self.options) or 'none'}")
+        else:
+            check_options(self.options, self.config, family=self.name)
         if not 0 <= mask_token_id < vocab_size:
             raise ValueError(f"mask_token_id {mask_token_id} is outside the vocabulary "
                              f"[0, {vocab_size})")
@@ -95,28 +109,27 @@ class Strategy:
         self.masks = MaskCache(max_entries=64)
         self.validate()
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``{option: default}`` of this family's training options."""
+        if isinstance(cls.options, dict):
+            return dict(cls.options)
+        return option_defaults(cls.options)
+
     def validate(self) -> None:
-        """Check ``self.config``; raise ValueError naming the bad option."""
+        """Check what the option fields cannot say alone (rules between options) and build
+        the loss; raise ValueError naming the bad option. Each value has already been checked
+        against its field."""
 
     def _noise_range_options(self) -> None:
-        """``t_min``/``t_max`` (the clipped range of the mask probability) and
-        ``time_sampling`` of the families that corrupt with :func:`corrupt_uniform`."""
+        """``t_min`` < ``t_max`` (the clipped range of the mask probability) of the families
+        that corrupt with :func:`corrupt_uniform`; each end's own range is its field's."""
         lo, hi = self.config["t_min"], self.config["t_max"]
-        for key, value in (("t_min", lo), ("t_max", hi)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"strategy.{key} must be a number, got {value!r}")
         if not 0 < lo < hi <= 1:
             raise ValueError(f"strategy.t_min and strategy.t_max must satisfy "
                              f"0 < t_min < t_max <= 1, got t_min={lo!r}, t_max={hi!r}")
-        check_time_sampling(self.config["time_sampling"])
 
     # -- logit shift (the masked families that offer ``logit_shift``: mdlm, scdd, bd3lm) --------
-    def _logit_shift_option(self) -> None:
-        value = self.config["logit_shift"]
-        if value is not None and not isinstance(value, bool):
-            raise ValueError(f"strategy.logit_shift must be true, false or null (true when "
-                             f"fine-tuning a causal checkpoint, else false), got {value!r}")
-
     def shift_batch(self, batch: dict) -> dict:
         """With ``strategy.logit_shift`` the output at position ``i`` predicts the token at
         ``i + 1`` (docs/logit_shift.md); a document's first token (position id 0) has no
@@ -140,13 +153,6 @@ class Strategy:
         return self.corrupt(corrupt_uniform, batch, generators, self.mask_token_id,
                             eps=float(self.config["t_min"]), t_max=float(self.config["t_max"]),
                             block_size=block_size, stratum=stratum, num_strata=num)
-
-    def _positive_option(self, key: str, allow_none: bool = False) -> None:
-        value = self.config[key]
-        if value is None and allow_none:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"strategy.{key} must be a positive int, got {value!r}")
 
     # -- the model(s) ------------------------------------------------------------------------
     def build_model(self, spec: str, *, vocab_size: int, attention: str, dtype: torch.dtype,

@@ -14,9 +14,6 @@ class TwoStreamStrategy(Strategy):
     supports_packing = True
     mask_factory = None  # (seq_len, block_size, valid, doc_ids=, device=) -> Mask
 
-    def validate(self) -> None:
-        self._positive_option("block_size")
-
     def corrupt(self, corruption, batch: dict, generators, *args, **kwargs):
         """``corruption(input_ids, loss_mask, *args, **kwargs)`` document by document on packed
         rows (``generators``: one per document, row-major), so a document's noise does not

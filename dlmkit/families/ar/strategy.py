@@ -11,13 +11,13 @@ from dlmkit.diffusion import LossOutput, next_token_loss
 from dlmkit.families.strategy import Strategy
 from dlmkit.masks.causal import padded_causal
 
+from .options import ARTraining
+
 
 class ARStrategy(Strategy):
     name = "ar"
-    options: dict = {}
-    # Like idlm's clean stream, the suite's `arith` sums are learned late (measured on the
-    # suite: docs/families/ar.md#why-these-defaults).
-    default_steps = 3000
+    options = ARTraining
+    default_steps = 3000  # why: docs/families/ar.md#why-these-defaults
 
     def prepare(self, batch, generators):
         # No corruption: the generators go unused (the model sees the clean tokens).

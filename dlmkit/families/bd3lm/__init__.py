@@ -3,10 +3,11 @@
 from dlmkit.families.family import Family
 
 from .decode import decode
-from .options import BD3LMSampling
+from .options import BD3LMSampling, BD3LMTraining
 from .strategy import BD3LMStrategy
 
 FAMILY = Family(
     name="bd3lm", paper="BD3-LM (Arriola et al. 2025)",
     trains="block diffusion: [noisy | clean] streams, masked loss per block",
-    strategy=BD3LMStrategy, sampling=BD3LMSampling, decode=decode, likelihood="block_elbo")
+    strategy=BD3LMStrategy, sampling=BD3LMSampling, training=BD3LMTraining,
+    decode=decode, likelihood="block_elbo")

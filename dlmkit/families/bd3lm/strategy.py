@@ -9,30 +9,23 @@ from dlmkit.diffusion.losses import predictor_rows
 from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks import block_diffusion
 
+from .options import BD3LMTraining
+
 
 class BD3LMStrategy(TwoStreamStrategy):
     name = "bd3lm"
-    # Per-block mask probability in [t_min, t_max), stratified over the global batch. The
-    # clipped t_min bounds the 1/p weights (measured on the suite:
-    # docs/families/bd3lm.md#why-these-defaults).
-    # logit_shift: an AR checkpoint's head kept (docs/logit_shift.md); see ``loss``.
-    options = {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified",
-               "logit_shift": None}
+    options = BD3LMTraining
     # Runs from before logit_shift existed trained without it (dlmkit.train.resume).
     former_defaults = {"logit_shift": False}
     mask_factory = staticmethod(block_diffusion)
-    # The suite's `arith` (digit sums) is learned slowly and only at the lower rate (measured
-    # on the suite: docs/families/bd3lm.md#why-these-defaults).
+    # Trained defaults (why: docs/families/bd3lm.md#why-these-defaults).
     default_lr = 1.0e-3
     default_steps = 6000
-    # It overfits the suite's small training sets; a weight average generalises better
-    # (measured on the suite: docs/families/bd3lm.md#why-these-defaults).
     default_ema_decay = 0.999
 
     def validate(self) -> None:
         super().validate()
         self._noise_range_options()
-        self._logit_shift_option()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):

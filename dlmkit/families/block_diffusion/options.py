@@ -1,11 +1,14 @@
 """The block_diffusion sampler's options: DiffusionGemma canvases (docs/families/
-block_diffusion.md: how it decodes)."""
+block_diffusion.md: how it decodes); then its training options
+(``strategy.<option>``, :mod:`dlmkit.families.options`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.families.options import TrainingOptions, block_size_option
+from dlmkit.families.options import option as train_option
 from dlmkit.generate.config import CommitRules, check_int, number, option
 
 
@@ -59,3 +62,34 @@ class CanvasSampling(CommitRules):
             check_int("stability_threshold", self.stability_threshold, 0)
             number("confidence_threshold", self.confidence_threshold, positive=True)
         return self
+
+
+DECODE = ("selected", "all")
+ENCODER_LOSS_TARGETS = ("all", "response")
+
+
+@dataclass(frozen=True)
+class BlockDiffusionTraining(TrainingOptions):
+    """block_diffusion's training options (``strategy.<option>``; why the defaults:
+    docs/families/block_diffusion.md#why-these-defaults)."""
+
+    block_size: int = block_size_option(
+        4, "the canvas block the decoder denoises; recorded in dlmkit.json")
+    eps: float = train_option(1e-3, "lower end of the canvas block's noise level",
+                              low=0, high=1, ends="()")
+    self_conditioning_p: float = train_option(
+        0.5, "probability that a step's second decoder pass is conditioned on the first "
+             "pass's logits (0 = no self-conditioning, one pass)", low=0, high=1, ends="[]")
+    encoder_loss_weight: float = train_option(
+        1.0, "weight of the encoder's next-token loss (0 = none)", low=0)
+    encoder_loss_targets: str = train_option(
+        "response", "pairs that loss scores: 'response' = pairs whose target is a supervised "
+                    "token (as ar's SFT loss), 'all' = every valid pair (NeMo's recipe)",
+        choices=ENCODER_LOSS_TARGETS)
+    max_blocks: int | None = train_option(
+        None, "canvas budget: a response that needs more blocks is an error before training",
+        positive=True, null="no limit")
+    decode: str = train_option(
+        "selected", "'selected' = decode only the drawn block; 'all' = NeMo's whole-response "
+                    "canvas, the same loss for about num_blocks times the decoder work "
+                    "(single-turn records; for tests and benchmarks)", choices=DECODE)

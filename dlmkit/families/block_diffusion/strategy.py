@@ -37,8 +37,6 @@ loss and gradients are identical for about ``num_blocks`` times less decoder wor
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dlmkit.diffusion import BlockDiffusionLoss, LossOutput, corrupt_uniform_random, encoder_ar_loss
@@ -47,8 +45,7 @@ from dlmkit.families.strategy import Strategy
 from dlmkit.masks import canvas
 from dlmkit.models import diffusion_gemma as dg
 
-DECODE = ("selected", "all")
-ENCODER_LOSS_TARGETS = ("all", "response")
+from .options import BlockDiffusionTraining
 
 
 def supervised_runs(loss_mask: torch.Tensor, valid: torch.Tensor | None = None
@@ -74,46 +71,15 @@ def canvas_blocks(runs: list[tuple[int, int]], block_size: int) -> list[tuple[in
 class BlockDiffusionStrategy(Strategy):
     name = "block_diffusion"
     default_model = "tiny-diffusion-gemma"
-    # The tiny DiffusionGemma learns little at the other families' 3e-3 (measured on the
-    # suite, like every default below: docs/families/block_diffusion.md#why-these-defaults).
+    # Trained defaults (why: docs/families/block_diffusion.md#why-these-defaults).
     default_lr = 1.5e-3
-    # One canvas block per example per step learns multi-block answers slower than the
-    # families that score every token.
     default_steps = 6000
-    # Its low lr does not collapse attention early; the other families' longer warmup hurt it.
     default_warmup_steps = 20
-    # It overfits the suite's small training sets; a weight average generalises better.
     default_ema_decay = 0.999
     fill_from_response = True
-    # encoder_loss_targets "response", not NeMo's "all": the encoder's next-token loss on random
-    # prompts is noise it cannot learn. A canvas of 4 tokens, not 8: as accurate or better, and
-    # about half the training time on short answers.
-    options = {"block_size": 4, "eps": 1e-3, "self_conditioning_p": 0.5,
-               "encoder_loss_weight": 1.0, "encoder_loss_targets": "response", "max_blocks": None,
-               "decode": "selected"}
+    options = BlockDiffusionTraining
 
     def validate(self) -> None:
-        c = self.config
-        self._positive_option("block_size")
-        self._positive_option("max_blocks", allow_none=True)
-        for key, lo, hi, closed in (("eps", 0.0, 1.0, False),
-                                    ("self_conditioning_p", 0.0, 1.0, True)):
-            value = c[key]
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                lo <= value <= hi if closed else lo < value < hi)
-            if not ok:
-                span = f"[{lo}, {hi}]" if closed else f"({lo}, {hi})"
-                raise ValueError(f"strategy.{key} must be a number in {span}, got {value!r}")
-        weight = c["encoder_loss_weight"]
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or \
-                not 0 <= weight < math.inf:
-            raise ValueError(f"strategy.encoder_loss_weight must be a finite number >= 0, "
-                             f"got {weight!r}")
-        if c["encoder_loss_targets"] not in ENCODER_LOSS_TARGETS:
-            raise ValueError(f"strategy.encoder_loss_targets must be one of "
-                             f"{ENCODER_LOSS_TARGETS}, got {c['encoder_loss_targets']!r}")
-        if c["decode"] not in DECODE:
-            raise ValueError(f"strategy.decode must be one of {DECODE}, got {c['decode']!r}")
         self.loss_fn = BlockDiffusionLoss(chunk_size=self.loss_chunk_size)
         self.max_positions = None  # the model's position budget, known once it is built
 

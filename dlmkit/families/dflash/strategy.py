@@ -33,6 +33,8 @@ from dlmkit.masks import dflash
 from dlmkit.masks.causal import padded_causal
 from dlmkit.models import mask_argument
 
+from .options import DFlashTraining
+
 # The reference's decay by block size (DFlash paper); other sizes use max(2, bs / 2).
 _GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -65,22 +67,12 @@ def read_target_config(path) -> dict:
 class DFlashStrategy(Strategy):
     name = "dflash"
     default_model = "dflash-tiny"
-    options = {"target": None, "target_layer_ids": None, "num_target_layers": 3,
-               "block_size": 8, "num_blocks_per_sample": 4, "overlap": True, "gamma": None,
-               "normalize": "tokens", "min_supervised": None}
+    options = DFlashTraining
 
     # -- options and the target --------------------------------------------------------------
     def validate(self) -> None:
         c = self.config
         bs = c["block_size"]
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 2:
-            raise ValueError(f"strategy.block_size must be an int >= 2 for dflash (the anchor "
-                             f"and at least one drafted token), got {bs!r}")
-        self._positive_option("num_blocks_per_sample")
-        self._positive_option("num_target_layers")
-        self._positive_option("min_supervised", allow_none=True)
-        if not isinstance(c["overlap"], bool):
-            raise ValueError(f"strategy.overlap must be true or false, got {c['overlap']!r}")
         if c["target"] is None:
             raise ValueError("strategy.target is required for dflash: a local Hugging Face "
                              "causal LM directory (e.g. RUN/final of `dlmkit train --set "
@@ -93,10 +85,9 @@ class DFlashStrategy(Strategy):
         ids = c["target_layer_ids"]
         if ids is None:
             ids = default_layer_ids(layers, c["num_target_layers"])
-        if (not isinstance(ids, (list, tuple)) or not ids
-                or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)):
-            raise ValueError(f"strategy.target_layer_ids must be a non-empty list of ints, "
-                             f"got {ids!r}")
+            if not ids:
+                raise ValueError(f"strategy.target {c['target']!r} has no hidden layers "
+                                 f"(num_hidden_layers={layers}) to take the context from")
         bad = [i for i in ids if not 0 <= i < layers]
         if bad:
             raise ValueError(f"strategy.target_layer_ids {list(ids)}: the target "

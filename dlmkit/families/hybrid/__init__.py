@@ -4,11 +4,12 @@ causal LM."""
 from dlmkit.families.family import Family
 
 from .decode import decode
-from .options import HybridSampling
+from .options import HybridSampling, HybridTraining
 from .strategy import HybridStrategy
 
 FAMILY = Family(
     name="hybrid", paper="hybrid autoregressive + diffusion (block diffusion with an AR term)",
     trains="block diffusion plus next-token loss on a token-causal clean stream",
-    strategy=HybridStrategy, sampling=HybridSampling, decode=decode, likelihood="causal",
+    strategy=HybridStrategy, sampling=HybridSampling, training=HybridTraining,
+    decode=decode, likelihood="causal",
     also_decoded_by=("ar",))

@@ -1,4 +1,5 @@
-"""The hybrid sampler's options (docs/families/hybrid.md: how it decodes)."""
+"""The hybrid sampler's options (docs/families/hybrid.md: how it decodes); then its training options
+(``strategy.<option>``, :mod:`dlmkit.families.options`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.families.options import (
+    TrainingOptions,
+    block_size_option,
+    t_max_option,
+    t_min_option,
+    time_sampling_option,
+)
+from dlmkit.families.options import option as train_option
 from dlmkit.generate.config import (
     Cached,
     CommitRules,
@@ -67,3 +76,30 @@ class HybridSampling(Cached, CommitRules):
     def trained_defaults(cls, meta: dict, options: dict) -> dict:
         # ar mode decodes the clean causal stream: no block.
         return {} if options.get("mode") == "ar" else super().trained_defaults(meta, options)
+
+
+CORRUPTIONS = ("uniform", "blockwise")
+
+
+@dataclass(frozen=True)
+class HybridTraining(TrainingOptions):
+    """hybrid's training options (``strategy.<option>``; why the defaults:
+    docs/families/hybrid.md#why-these-defaults)."""
+
+    block_size: int = block_size_option(4, "diffusion block; recorded in dlmkit.json")
+    alpha: float = train_option(
+        1.0, "weight of the diffusion term in alpha * L_diff + L_AR (NeMo's recipe: 0.3)", low=0)
+    corruption: str = train_option(
+        "uniform", "how positions are masked: 'uniform' = one level per document (as mdlm), "
+                   "'blockwise' = one level per block, round(m * len) positions biased towards "
+                   "later ones", choices=CORRUPTIONS)
+    t_min: float = t_min_option()
+    t_max: float = t_max_option()
+    time_sampling: str = time_sampling_option(
+        "how the mask levels are drawn: 'stratified' = one per stratum of [0, 1) over the "
+        "global batch (blockwise: per block of each document), 'iid' = independently")
+    half_life_ratio: float = train_option(
+        0.25, "blockwise only (another value with 'uniform' is an error): the bias towards "
+              "later positions, inclusion weights 2^((1 - m)(j - n + 1) / (half_life_ratio n)) "
+              "(dlmkit.diffusion.corrupt_blockwise)",
+        positive=True)

@@ -9,30 +9,21 @@ from dlmkit.diffusion.losses import next_token_scored
 from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks.hybrid import hybrid
 
-CORRUPTIONS = ("uniform", "blockwise")
+from .options import HybridTraining
 
 
 class HybridStrategy(TwoStreamStrategy):
     name = "hybrid"
-    # t_min/t_max/time_sampling: the uniform corruption's, as in mdlm (one level per
-    # document); blockwise draws its level per block from [t_min, t_max), stratified the same
-    # way (timesteps.py: per block of each document). t_min 0.2 as for bd3lm/mdlm (measured on
-    # the suite: docs/families/hybrid.md#why-these-defaults).
-    options = {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "t_min": 0.2,
-               "t_max": 1.0, "time_sampling": "stratified", "half_life_ratio": 0.25}
+    options = HybridTraining
     mask_factory = staticmethod(hybrid)
-    # The suite's `arith` needs both the longer budget and the lower rate (measured on the
-    # suite: docs/families/hybrid.md#why-these-defaults).
+    # Trained defaults (why: docs/families/hybrid.md#why-these-defaults).
     default_lr = 1.0e-3
     default_steps = 3000
 
     def validate(self) -> None:
         super().validate()
         self._noise_range_options()
-        if self.config["corruption"] not in CORRUPTIONS:
-            raise ValueError(f"strategy.corruption must be one of {CORRUPTIONS}, "
-                             f"got {self.config['corruption']!r}")
-        default = type(self).options["half_life_ratio"]
+        default = self.defaults()["half_life_ratio"]
         if self.config["corruption"] == "uniform" and self.config["half_life_ratio"] != default:
             # The late-position bias is blockwise's; the uniform corruption has no use for it.
             raise ValueError(f"strategy.half_life_ratio is read by corruption 'blockwise' only; "

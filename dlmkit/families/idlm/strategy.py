@@ -8,23 +8,19 @@ from dlmkit.diffusion.losses import next_token_scored
 from dlmkit.families.twostream import TwoStreamStrategy
 from dlmkit.masks import idlm
 
+from .options import IDLMTraining
+
 
 class IDLMStrategy(TwoStreamStrategy):
     name = "idlm"
-    # The clean stream is what decodes (ISD commits exactly its greedy tokens; the noisy block
-    # only proposes), so it gets full weight (measured on the suite:
-    # docs/families/idlm.md#why-these-defaults).
-    options = {"block_size": 4, "clean_loss_weight": 1.0, "auto_balance": False}
+    options = IDLMTraining
     mask_factory = staticmethod(idlm)
-    # The suite's `arith` (sums with carries) is learned late, after ~1300 steps, and with the
-    # BPE tokenizer is still learning at 3000 (measured on the suite:
-    # docs/families/idlm.md#why-these-defaults).
-    default_steps = 6000
+    default_steps = 6000  # why: docs/families/idlm.md#why-these-defaults
 
     def validate(self) -> None:
         super().validate()
         self.loss_fn = IDLMLoss(clean_loss_weight=self.config["clean_loss_weight"],
-                                auto_balance=bool(self.config["auto_balance"]),
+                                auto_balance=self.config["auto_balance"],
                                 chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):

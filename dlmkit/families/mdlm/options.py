@@ -1,4 +1,5 @@
-"""The mdlm sampler's options (docs/families/mdlm.md: how it decodes)."""
+"""The mdlm sampler's options (docs/families/mdlm.md: how it decodes); then its training options
+(``strategy.<option>``, :mod:`dlmkit.families.options`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.families.options import (
+    TrainingOptions,
+    logit_shift_option,
+    t_max_option,
+    t_min_option,
+    time_sampling_option,
+)
 from dlmkit.generate.config import Cached, CommitRules, LogitShift, PaddedCanvas, check_int, option
 
 
@@ -36,3 +44,14 @@ class MDLMSampling(PaddedCanvas, LogitShift, Cached, CommitRules):
             raise ValueError(f"steps={self.steps} must be >= the number of blocks ({blocks} = "
                              f"max_new_tokens / block_size) for the mdlm sampler")
         return dataclasses.replace(self, block_size=block)
+
+
+@dataclass(frozen=True)
+class MDLMTraining(TrainingOptions):
+    """mdlm's training options (``strategy.<option>``; why the defaults:
+    docs/families/mdlm.md#why-these-defaults)."""
+
+    t_min: float = t_min_option()
+    t_max: float = t_max_option()
+    time_sampling: str = time_sampling_option()
+    logit_shift: bool | None = logit_shift_option()

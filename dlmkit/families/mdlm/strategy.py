@@ -7,29 +7,23 @@ from dlmkit.diffusion.losses import predictor_rows
 from dlmkit.families.strategy import Strategy
 from dlmkit.masks.bidirectional import bidirectional
 
+from .options import MDLMTraining
+
 
 class MDLMStrategy(Strategy):
     name = "mdlm"
-    # The mask probability is drawn in [t_min, t_max), stratified over the global batch
-    # (dlmkit.diffusion.timesteps); time_sampling=iid draws it independently per sample.
-    # t_min clipped as in bd3lm (bounded 1/p weights).
-    # logit_shift: the output at position i predicts the token at i + 1, as an AR checkpoint's
-    # head was trained to (docs/logit_shift.md).
-    options = {"t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified", "logit_shift": None}
+    options = MDLMTraining
     # Runs from before logit_shift existed trained without it (dlmkit.train.resume).
     former_defaults = {"logit_shift": False}
     supervise_padding = True  # (inherited by SCDD)
     # Rows padded to one length in training and decoding (inherited by SCDD; README).
     fixed_length = True
-    # One bidirectional canvas learns slower than the block-causal families, and at 3e-3 no
-    # copy-from-context circuit forms (measured on the suite:
-    # docs/families/mdlm.md#why-these-defaults).
+    # Trained defaults (why: docs/families/mdlm.md#why-these-defaults).
     default_steps = 6000
     default_lr = 1.0e-3
 
     def validate(self) -> None:
         self._noise_range_options()
-        self._logit_shift_option()
         self.loss_fn = MDLMLoss(chunk_size=self.loss_chunk_size)
 
     def prepare(self, batch, generators):

@@ -1,10 +1,13 @@
-"""The scdd sampler's options (docs/families/scdd.md: how it decodes)."""
+"""The scdd sampler's options (docs/families/scdd.md: how it decodes); then its training options
+(``strategy.<option>``, :mod:`dlmkit.families.options`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.families.options import TrainingOptions, logit_shift_option, time_sampling_option
+from dlmkit.families.options import option as train_option
 from dlmkit.generate.config import LogitShift, PaddedCanvas, Steps, option
 
 # The noise schedule of training, which the reverse process must run on.
@@ -38,3 +41,29 @@ class SCDDSampling(PaddedCanvas, LogitShift, Steps):
         trained = meta.get("options") or {}
         return {**super().trained_defaults(meta, options),
                 **{k: trained[k] for k in SCHEDULE_OPTIONS if k in trained}}
+
+
+@dataclass(frozen=True)
+class SCDDTraining(TrainingOptions):
+    """scdd's training options (``strategy.<option>``; why the defaults:
+    docs/families/scdd.md#why-these-defaults). ``max_ratio``, ``gamma_shape`` and ``t_peak``
+    are recorded in dlmkit.json: the sampler runs the reverse process on the trained
+    schedule."""
+
+    num_timesteps: int = train_option(1000, "the time grid T of the discrete-time loss", low=2)
+    max_ratio: float = train_option(
+        0.1, "peak ratio of uniform noise to retained tokens (0 = MDLM's absorbing process)",
+        low=0, high=1, ends="[)")
+    gamma_shape: float = train_option(
+        1.0, "shape of the uniform-noise bump over time (a bump so tall and sharp that the "
+             "forward process is invalid on the grid is an error)", positive=True)
+    t_peak: float = train_option(0.5, "the time where the uniform-noise bump peaks", low=0, high=1,
+                           ends="()")
+    t_min: float = train_option(
+        0.2, "only grid times i/T >= t_min are drawn (the loss then estimates T / (T - first "
+             "+ 1) times the kept steps' sum, first = ceil(t_min T)); 0 = every step",
+        low=0, high=1, ends="[)")
+    time_sampling: str = time_sampling_option(
+        "how each row's time is drawn: 'stratified' = one per stratum of [0, 1) over the "
+        "global batch (dlmkit.diffusion.timesteps), 'iid' = independently")
+    logit_shift: bool | None = logit_shift_option()

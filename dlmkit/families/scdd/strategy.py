@@ -3,35 +3,25 @@
 from __future__ import annotations
 
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
-from dlmkit.diffusion._checks import check_unit_from_zero
-from dlmkit.diffusion.timesteps import check_time_sampling
 from dlmkit.families.mdlm.strategy import MDLMStrategy
+
+from .options import SCDDTraining
 
 
 class SCDDStrategy(MDLMStrategy):
     """Same layout and denominators as MDLM; its own corruption and loss."""
 
     name = "scdd"
-    # t_min / time_sampling: mdlm's defaults (the clipped range and the batch-stratified draw of
-    # the diffusion time; dlmkit.diffusion.corrupt_scdd), here on the time grid (measured on
-    # the suite: docs/families/scdd.md#why-these-defaults).
-    options = {"num_timesteps": 1000, "max_ratio": 0.1, "gamma_shape": 1.0, "t_peak": 0.5,
-               "t_min": 0.2, "time_sampling": "stratified", "logit_shift": None}
+    options = SCDDTraining
     # its defaults before those (and before logit_shift existed)
     former_defaults = {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False}
-    # As mdlm, one bidirectional canvas learns slowly; the longer budget pays with the weight
-    # average below (measured on the suite: docs/families/scdd.md#why-these-defaults).
+    # Trained defaults (why: docs/families/scdd.md#why-these-defaults).
     default_steps = 10000
-    # A weight average over ~1000 steps (docs/families/scdd.md#why-these-defaults).
     default_ema_decay = 0.999
-    # mdlm's 1e-3 (inherited, stated for the record; docs/families/scdd.md#why-these-defaults).
     default_lr = 1.0e-3
 
     def validate(self) -> None:
         c = self.config
-        check_unit_from_zero("strategy.t_min", c["t_min"])
-        check_time_sampling(c["time_sampling"])
-        self._logit_shift_option()
         self.loss_fn = SCDDLoss(self.mask_token_id, num_timesteps=c["num_timesteps"],
                                 max_ratio=c["max_ratio"], gamma_shape=c["gamma_shape"],
                                 t_peak=c["t_peak"], chunk_size=self.loss_chunk_size,
