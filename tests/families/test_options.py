@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from dlmkit.families import Family, Strategy
 from dlmkit.families.options import TrainingOptions, check, defaults, option
 from dlmkit.families.scdd.strategy import SCDDStrategy
 
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "families"
 BUILT_IN = ("mdlm", "scdd", "hybrid", "idlm", "bd3lm", "ar", "dflash", "block_diffusion")
 # Each family's options and defaults as the plain dicts of the strategies held them before the
 # options became dataclasses: config.yaml and dlmkit.json of existing runs record these keys.
@@ -285,3 +287,13 @@ def test_training_help_lists_every_option_with_its_default_and_help(name):
 def test_training_help_of_an_unknown_family():
     with pytest.raises(ValueError, match="unknown strategy 'mdml'"):
         families.training_help("mdml")
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_the_family_page_lists_exactly_its_training_options(name):
+    """docs/families/<name>.md's "Training options" table names every field and no other."""
+    text = (DOCS / f"{name}.md").read_text()
+    section = text.split("## Training options", 1)[1].split("\n## ", 1)[0]
+    listed = {m for row in section.splitlines() if row.startswith("| `")
+              for m in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert listed == {f.name for f in dataclasses.fields(families.get(name).training)}

@@ -84,7 +84,7 @@ def test_hybrid_blockwise_defaults_keep_their_draws_without_slots(tokenizer):
     assert torch.equal(out["input_ids"][:, :length], noisy)
     assert torch.equal(out["noise_mask"], noise) and torch.equal(out["p_mask"], p)
     assert noise.any() and not bool((noise & (batch["loss_mask"] == 0)).any())
-    assert strategies.get("hybrid").options["time_sampling"] == "stratified"  # the default
+    assert strategies.get("hybrid").defaults()["time_sampling"] == "stratified"  # the default
 
 
 def test_half_life_ratio_is_blockwise_only(tokenizer):
