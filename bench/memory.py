@@ -57,8 +57,7 @@ def run_case(args, case: str, data: Path) -> dict:
     c = build_components(config, world)
 
     def step(i):
-        return train_step(i, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set,
-                          c.collator, c.sampler, config, world)
+        return train_step(i, c.step_context(config, world))
 
     step(0)  # optimizer state exists from here on
     held = _status_kib("VmRSS") / 1024

@@ -47,8 +47,7 @@ def updates(overrides: list[str], steps: int) -> dict[str, torch.Tensor]:
         c = build_components(cfg, cpu)
     before = {n: p.detach().float().clone() for n, p in c.model.named_parameters()}
     for s in range(steps):
-        train_step(s, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator,
-                   c.sampler, cfg, cpu)
+        train_step(s, c.step_context(cfg, cpu))
     return {n: p.detach().float() - before[n] for n, p in c.model.named_parameters()}
 
 

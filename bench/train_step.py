@@ -71,8 +71,7 @@ def bench(name: str, steps: int, warmup: int) -> dict:
     strategy.loss_fn = loss.wrap(strategy.loss_fn)
 
     def step(s):
-        return train_step(s, c.model, c.optimizer, c.scheduler, strategy, c.train_set,
-                          c.collator, c.sampler, config, world)
+        return train_step(s, c.step_context(config, world))
 
     for s in range(warmup):
         step(s)

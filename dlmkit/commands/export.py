@@ -92,7 +92,7 @@ def export_checkpoint(run: str | Path, output: str | Path, *, step: int | None =
     from dlmkit.models import quiet_transformers
     from dlmkit.models.directory import checkpoint_step
     from dlmkit.train.checkpoint import CONFIG, load_model_weights
-    from dlmkit.train.config import load_yaml
+    from dlmkit.train.config import ConfigError, RunConfig, load_yaml, with_defaults
     from dlmkit.train.distributed import World
     from dlmkit.train.recipe import build_components, export_final
 
@@ -108,8 +108,11 @@ def export_checkpoint(run: str | Path, output: str | Path, *, step: int | None =
     if not config_file.is_file():
         raise ValueError(f"{checkpoint} has no {CONFIG} and {run_dir} none either: the model "
                          "cannot be rebuilt without the run's config")
-    config = load_yaml(config_file.read_text())
-    config["train"]["device"] = device
+    try:  # keys added to dlmkit since the run was written take their defaults
+        config = RunConfig.from_dict(with_defaults(load_yaml(config_file.read_text())))
+    except ConfigError as err:
+        raise ConfigError(f"{config_file}: {err}") from None
+    config.train.device = device
     world = World(rank=0, world_size=1, local_rank=0, device=torch.device(device))
     c = build_components(config, world)
     shadow = load_model_weights(checkpoint, c.model)
@@ -123,7 +126,7 @@ def export_checkpoint(run: str | Path, output: str | Path, *, step: int | None =
     meta = {"exported_from": {"run": str(run_dir), "step": checkpoint_step(checkpoint),
                               "checkpoint": str(checkpoint), "weights": weights}}
     if weights == "average":  # as the run's own exports record it
-        meta["ema_decay"] = config["train"]["ema_decay"]
+        meta["ema_decay"] = config.train.ema_decay
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp_name = f".{output.name}.export.tmp"
     shutil.rmtree(output.parent / tmp_name, ignore_errors=True)

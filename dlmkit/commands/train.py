@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dlmkit.train.config import RunConfig
 
 EPILOG = """examples:
   dlmkit train                      # embedded default: tiny Llama, BD3-LM, 'reverse', CPU
@@ -50,29 +54,33 @@ def add_parser(subparsers) -> None:
                         help="with --resume: apply other config changes too (recorded in "
                              "RUN/config_changes.jsonl)")
     parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config (with the strategy's options) and "
-                             "every strategy's options and training defaults (lr, steps, warmup, "
-                             "weight average), then exit")
+                        help="print the resolved config (with the strategy's options), each "
+                             "key under its help, and every strategy's options and training "
+                             "defaults (lr, steps, warmup, weight average), then exit")
     parser.set_defaults(func=run_train)
 
 
-def print_config(config: dict) -> None:
-    """The resolved config, the chosen strategy's options filled in (so the output loads as a
-    config), then every strategy's options and defaults as comments. The strategy is built
-    with the real tokenizer, so a bad strategy option is an error here as in training."""
+def print_config(config: RunConfig) -> None:
+    """The resolved config, each key under its help text as a comment and the chosen
+    strategy's options filled in (so the output loads as a config), then every strategy's
+    options and defaults as comments. The strategy is built with the real tokenizer, so a bad
+    strategy option is an error here as in training."""
+    import copy
+
     from dlmkit import strategies
     from dlmkit.data import load_tokenizer
-    from dlmkit.train.config import dump_yaml
+    from dlmkit.train.config import commented_yaml
 
-    d = config["data"]
-    cls = strategies.get(config["strategy"]["name"])
-    tokenizer = load_tokenizer(d["tokenizer"], allow_eos_as_pad=d["allow_eos_as_pad"])
-    options = {k: v for k, v in config["strategy"].items() if k != "name"}
+    d = config.data
+    cls = strategies.get(config.strategy["name"])
+    tokenizer = load_tokenizer(d.tokenizer, allow_eos_as_pad=d.allow_eos_as_pad)
+    options = {k: v for k, v in config.strategy.items() if k != "name"}
     strategy = cls(options, mask_token_id=tokenizer.mask_token_id,
                    vocab_size=tokenizer.vocab_size,
-                   loss_chunk_size=config["train"]["loss_chunk_size"])
-    shown = dict(config, strategy={"name": cls.name, **strategy.config})
-    lines = [dump_yaml(shown).rstrip("\n"), "",
+                   loss_chunk_size=config.train.loss_chunk_size)
+    shown = copy.deepcopy(config)
+    shown.strategy = {"name": cls.name, **strategy.config}
+    lines = [commented_yaml(shown).rstrip("\n"), "",
              "# Every strategy's options (strategy.<option>) and their defaults:"]
     for name in strategies.names():
         defaults = strategies.get(name).options
@@ -135,7 +143,7 @@ def run_train(args) -> int:
         if os.environ.get("RANK", "0") == "0":  # once under torchrun
             for line in notes:  # stderr: --print-config's stdout stays a loadable config
                 print(line, file=sys.stderr)
-        if args.resume and not config["output_dir"]:
+        if args.resume and not config.output_dir:
             raise ConfigError("--resume needs --output-dir (the run to continue)")
         if args.allow_config_change and not args.resume:
             raise ConfigError("--allow-config-change applies to --resume only")

@@ -42,11 +42,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
-__all__ = ["Collator"]
+__all__ = ["Batch", "Collator"]
+
+
+class Batch(TypedDict):
+    """What the collator returns. ``B`` rows of ``L`` positions; ``D``: the most documents in
+    a row (1 unless packed)."""
+
+    input_ids: torch.Tensor  # [B, L] token ids
+    loss_mask: torch.Tensor  # [B, L] 1 = supervised
+    attention_valid: torch.Tensor  # [B, L] 1 = attended (every supervised position is)
+    position_ids: torch.Tensor  # [B, L] from 0 in each document
+    doc_ids: torch.Tensor  # [B, L] the document's number in its row, -1 = unattended padding
+    lengths: torch.Tensor  # [B] content tokens kept in the row
+    sample_index: torch.Tensor  # [B] the row's first document's global sample index
+    doc_sample_index: torch.Tensor  # [B, D] each document's global sample index, -1 = none
+    truncated: torch.Tensor  # [B] bool: the length cap cut a document of the row
 
 
 def _opt_int(name: str, value: Any, minimum: int) -> int | None:
@@ -297,7 +312,7 @@ class Collator:
             count[r] += 1
         return rows, offsets, numbers
 
-    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> Batch:
         if not isinstance(samples, Sequence) or len(samples) == 0:
             raise ValueError(f"samples must be a non-empty list of dicts, got {samples!r:.80}")
         parsed = [self._sample(i, s) for i, s in enumerate(samples)]

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import typing
 from collections.abc import Callable
 from pathlib import Path
 
-FINAL_MODELS = ("best", "last")
+from .config import FinalModel
+
+FINAL_MODELS = typing.get_args(FinalModel)
 
 Export = Callable[[str, dict], Path]  # (directory name under RUN, extra dlmkit.json fields)
 

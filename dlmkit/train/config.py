@@ -1,124 +1,393 @@
-"""Training configuration: YAML + ``--set key.sub=value`` overrides, validated up front.
+"""Training configuration: typed sections loaded from YAML + ``--set key.sub=value``.
+
+The run config is :class:`RunConfig` (``seed``, ``output_dir`` and the ``data``, ``model``,
+``strategy`` and ``train`` sections); every field carries its default and a help text
+(``dlmkit train --print-config`` shows them), and its type and range are checked when a config
+is loaded (:meth:`RunConfig.from_dict`). ``strategy`` is the family's own mapping of options,
+checked by the family. Unknown keys are errors that list the valid ones.
 
 The embedded default (no config file) trains a tiny Llama with BD3-LM block diffusion on the
 bundled ``reverse`` task on the CPU in a few minutes (early stopping ends it once the task is
-learned). Unknown keys are errors that list the valid ones.
+learned).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
 import importlib.util
 import os
 import re
+import textwrap
+import types
+import typing
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
-DEFAULTS: dict = {
-    "seed": 0,
-    "output_dir": None,          # default: runs/<strategy>-<task>-<timestamp>
-    "data": {
-        "task": "reverse",        # a bundled task, or null with train_files
-        "task_options": {},
-        "train_files": [],        # JSONL / JSON / Parquet / CSV files or saved HF datasets
-        "fields": {},             # format field -> your name, e.g. {prompt: question}
-        "validation_files": [],
-        "num_train": 20000,       # samples drawn from the bundled task
-        "num_validation": 256,
-        "tokenizer": "byte",      # "byte" or a local Hugging Face tokenizer directory
-        "allow_eos_as_pad": False,
-        "block_align": True,      # pad each sample to a multiple of the strategy's block size
-        "pad_seq_len_divisible": None,
-        "max_seq_len": 128,
-        "supervise_padding": None,  # score the padding after a sample (None = the strategy's
-                                    # choice: true for mdlm/scdd, false otherwise)
-        "pack": False,
-        # Split this share of the training prompts' tokens into two vocabulary pieces that
-        # spell them (recursively; BPE only; see dlmkit.data.split_tokens): shows a BPE model
-        # the spelling of its pieces. 0 = the tokenizer's own segmentation.
-        "split_tokens": 0.0,
-        "split_responses": False,  # split the supervised tokens too (else the prompt's only)
-        # A record longer than max_seq_len is cut (block_diffusion keeps a response's whole
-        # blocks under the cap only). error: a record left with no supervised token is an
-        # error; drop: every record the cap cuts is left out; truncate: every record is cut and
-        # kept (see dlmkit.train.truncation). Counts are reported either way.
-        "truncation": "error",
-    },
-    "model": {
-        "name": None,             # preset name or local model directory (None = the
-                                  # strategy's own preset: tiny-llama for the causal-LM families)
-        "attention": "auto",      # auto | sdpa | flex_attention | eager
-        "dtype": None,            # float32 | bfloat16: frozen weights (LoRA's base) and the
-                                  # export; null = the checkpoint's own (float32 for a preset).
-                                  # Trained weights are train.master_dtype (dlmkit.train.precision)
-        "config": {},             # preset overrides (e.g. num_hidden_layers)
-        "gradient_checkpointing": False,  # recompute layer activations in the backward
-        "lora": None,             # {r, alpha, dropout, target_modules, export} (see models.lora)
-    },
-    # + the strategy's own options (see dlmkit.strategies). BD3-LM is the default because it
-    # decodes the bundled task exactly within 400 steps while the tiny MDLM learns the answer
-    # length from the canvas length (docs/families/bd3lm.md#why-these-defaults).
-    "strategy": {"name": "bd3lm"},
-    "train": {
-        # None (and no epochs) = the strategy's default_steps, what the user-like suite
-        # tests/suite needs (the bundled task needs only 400: `make demo`). Every family's
-        # training defaults: `dlmkit train --print-config`; the measurements behind them:
-        # docs/families/<family>.md#why-these-defaults. Written into config.yaml.
-        "steps": None,
-        "final_model": "best",    # RUN/final: best (lowest validation loss) or last step
-        # auto: fine-tune when model.name is a model directory with weights, else train from
-        # scratch; each regime fills the unset keys its own way (dlmkit.train.regime)
-        "regime": "auto",
-        # With validation data, stop after this many validations in a row that do not lower
-        # the best validation loss by min_delta (nats/token); steps/epochs are then the most
-        # the run trains (dlmkit.train.early_stopping). 0 = train the whole budget.
-        "early_stopping_patience": 5,
-        "early_stopping_min_delta": 0.001,
-        "epochs": None,           # passes over the training records; when set it decides the
-                                  # step count instead of steps (see dlmkit.train.budget)
-        "global_batch_size": 64,
-        "micro_batch_size": None,  # rows per forward on each rank (None = the rank's whole
-                                   # share); accumulation = global / (micro * world)
-        "lr": None,               # None = the strategy's default_lr, written into config.yaml
-        "min_lr_ratio": 0.1,
-        "warmup_steps": None,     # None = 10% of the resolved steps, or the family's
-                                  # default_warmup_steps (dlmkit.train.budget; measured:
-                                  # docs/families/ar.md#why-these-defaults);
-                                  # written into config.yaml
-        "weight_decay": None,     # AdamW's, on matrices only (not norms or biases); None =
-                                  # the regime's default (dlmkit.train.regime)
-        "betas": [0.9, 0.98],
-        "max_grad_norm": 1.0,
-        "ema_decay": None,        # > 0: validation, best/, last/ and final/ use an exponential
-                                  # moving average of the weights (dlmkit.train.ema); it spans
-                                  # ~1/(1 - decay) steps, e.g. 0.999 for a few thousand steps.
-                                  # 0 = none; None = the strategy's default_ema_decay,
-                                  # written into config.yaml
-        "autocast": "auto",       # auto (bf16 on CUDA or with model.dtype bfloat16, else
-                                  # off) | bf16 | none: the compute dtype of every forward
-        "master_dtype": "float32",  # trainable weights, optimizer state; bfloat16 = pure-bf16
-                                    # opt-in that loses small updates (warned)
-        "loss_chunk_size": None,
-        "distributed": "ddp",     # ddp | fsdp2 (used under torchrun with world size > 1)
-        "device": "auto",
-        "log_every": 10,
-        "val_every": 100,
-        "save_every": 100,
-        "threads": None,          # torch intra-op threads (None = torch default)
-        "progress": True,
-        "tensorboard": False,     # also write the metrics as TensorBoard events in
-                                  # RUN/tensorboard/ (needs the tensorboard package)
-    },
-}
-
-
-TRUNCATION_POLICIES = ("error", "drop", "truncate")
+Regime = Literal["auto", "scratch", "finetune"]
+FinalModel = Literal["best", "last"]
+TruncationPolicy = Literal["error", "drop", "truncate"]
 
 
 class ConfigError(ValueError):
-    pass
+    """A config that cannot be trained: the message names the key, the value and what is
+    allowed; ``key``, when one dotted key is at fault, is that key."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def option(default, help: str, *, expect: str | None = None,
+           check: Callable[[Any], bool] | None = None, hint: str | None = None):
+    """A config field: its default, its ``help`` text, and how it is checked.
+
+    The type comes from the field's annotation. ``check``: a range test run on a value of the
+    right type (None passes it: null's meaning is the annotation's). ``expect``: what the
+    error says the value must be, when the annotation's own words (:func:`_describe`) do not
+    say it; ``hint``: said after the bad value."""
+    metadata = {"help": help, "expect": expect, "check": check, "hint": hint}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _positive(value) -> bool:
+    return value >= 1
+
+
+def _at_least_zero(value) -> bool:
+    return value >= 0
+
+
+class _Section:
+    """Mapping-style access (``config["train"]["lr"]``) for scripts written against the nested
+    dict config; dlmkit itself reads attributes. Only a field's own name is a key."""
+
+    def __getitem__(self, key: str):
+        if key not in _names(type(self)):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value) -> None:
+        if key not in _names(type(self)):
+            raise KeyError(key)
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return key in _names(type(self))
+
+
+def _names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass
+class DataConfig(_Section):
+    task: str | None = option(
+        "reverse", "a bundled task (dlmkit.data.tasks), or null with train_files")
+    task_options: dict = option({}, "the bundled task's parameters (e.g. max_len)")
+    train_files: list[str] = option(
+        [], "JSONL / JSON / Parquet / CSV files or saved Hugging Face datasets; when given "
+            "the run trains on them, not on the bundled task", expect="a list of paths")
+    fields: dict = option({}, "format field -> your name, e.g. {prompt: question}")
+    validation_files: list[str] = option([], "files of validation records (same formats)",
+                                         expect="a list of paths")
+    num_train: int = option(20000, "samples drawn from the bundled task",
+                            expect="a positive int", check=_positive)
+    num_validation: int = option(256, "validation samples drawn from the bundled task",
+                                 expect="a positive int", check=_positive)
+    tokenizer: str = option("byte", '"byte" or a local Hugging Face tokenizer directory')
+    allow_eos_as_pad: bool = option(
+        False, "pad with the EOS token when the tokenizer has no pad token (else an error)")
+    block_align: bool = option(
+        True, "pad each sample to a multiple of the strategy's block size")
+    pad_seq_len_divisible: int | None = option(
+        None, "round every batch's row length up to a multiple of this",
+        expect="a positive int or null", check=_positive)
+    max_seq_len: int = option(128, "the longest row, in tokens (see truncation)",
+                              expect="a positive int", check=_positive)
+    supervise_padding: bool | None = option(
+        None, "score the padding after a sample (null = the strategy's choice: true for "
+              "mdlm/scdd, false otherwise)")
+    pack: bool = option(False, "pack several records into one row (the strategies that "
+                               "support packing)")
+    split_tokens: float = option(
+        0.0, "split this share of the training prompts' tokens into two vocabulary pieces "
+             "that spell them (recursively; BPE only; see dlmkit.data.split_tokens): shows a "
+             "BPE model the spelling of its pieces. 0 = the tokenizer's own segmentation",
+        expect="a number in [0, 1] (0 = off)", check=lambda v: 0 <= v <= 1)
+    split_responses: bool = option(
+        False, "split the supervised tokens too (else the prompt's only)")
+    truncation: TruncationPolicy = option(
+        "error", "a record longer than max_seq_len is cut (block_diffusion keeps a response's "
+                 "whole blocks under the cap only). error: a record left with no supervised "
+                 "token is an error; drop: every record the cap cuts is left out; truncate: "
+                 "every record is cut and kept (see dlmkit.train.truncation). Counts are "
+                 "reported either way")
+
+
+@dataclass
+class ModelConfig(_Section):
+    name: str | None = option(
+        None, "preset name or local model directory (null = the strategy's own preset: "
+              "tiny-llama for the causal-LM families)",
+        expect="a string (a preset or a model directory) or null")
+    attention: Literal["auto", "sdpa", "flex_attention", "eager"] = option(
+        "auto", "the attention backend (auto: FlexAttention on CUDA, SDPA on the CPU)")
+    dtype: Literal["float32", "bfloat16"] | None = option(
+        None, "frozen weights (LoRA's base) and the export; null = the checkpoint's own "
+              "(float32 for a preset). Trained weights are train.master_dtype "
+              "(dlmkit.train.precision)",
+        expect="float32, bfloat16 or null (the checkpoint's own)")
+    config: dict = option({}, "preset overrides (e.g. num_hidden_layers)")
+    gradient_checkpointing: bool = option(
+        False, "recompute layer activations in the backward")
+    lora: dict | None = option(
+        None, "{r, alpha, dropout, target_modules, export} (see dlmkit.models.lora)",
+        expect="a mapping {r, alpha, dropout, target_modules, export} or null")
+
+
+@dataclass
+class TrainConfig(_Section):
+    steps: int | None = option(
+        None, "null (and no epochs) = the strategy's default_steps, what the user-like suite "
+              "tests/suite needs (the bundled task needs only 400: `make demo`). Every "
+              "family's training defaults: the end of `dlmkit train --print-config`; the "
+              "measurements behind them: docs/families/<family>.md#why-these-defaults. "
+              "Written into config.yaml",
+        expect="a positive int", check=_positive,
+        hint="or null: the strategy's default_steps, or train.epochs when set")
+    final_model: FinalModel = option(
+        "best", "RUN/final: best (lowest validation loss) or last step")
+    regime: Regime = option(
+        "auto", "auto: fine-tune when model.name is a model directory with weights, else train "
+                "from scratch; each regime fills the unset keys its own way "
+                "(dlmkit.train.regime)")
+    early_stopping_patience: int = option(
+        5, "with validation data, stop after this many validations in a row that do not "
+           "lower the best validation loss by early_stopping_min_delta; steps/epochs are then "
+           "the most the run trains (dlmkit.train.early_stopping). 0 = train the whole budget",
+        expect="an int >= 0 (0 = off)", check=_at_least_zero)
+    early_stopping_min_delta: float = option(
+        0.001, "the least drop of the validation loss (nats/token) that counts as better",
+        expect="a number >= 0", check=_at_least_zero)
+    epochs: float | None = option(
+        None, "passes over the training records; when set it decides the step count instead "
+              "of steps (see dlmkit.train.budget)",
+        expect="a number > 0 or null", check=lambda v: v > 0)
+    global_batch_size: int = option(64, "samples per optimizer step, over all ranks",
+                                    expect="a positive int", check=_positive)
+    micro_batch_size: int | None = option(
+        None, "rows per forward on each rank (null = the rank's whole share); accumulation "
+              "= global / (micro * world)",
+        expect="a positive int or null", check=_positive)
+    lr: float | None = option(
+        None, "peak learning rate; null = the regime's default (the strategy's default_lr "
+              "from scratch), written into config.yaml",
+        expect="> 0 (or null: the strategy's default)", check=lambda v: v > 0)
+    min_lr_ratio: float = option(
+        0.1, "the cosine schedule ends at min_lr_ratio * lr",
+        expect="a number in [0, 1]", check=lambda v: 0 <= v <= 1)
+    warmup_steps: int | None = option(
+        None, "linear warmup; null = 10% of the resolved steps, or the family's "
+              "default_warmup_steps (dlmkit.train.budget); written into config.yaml",
+        expect="an int >= 0 or null (10% of the steps)", check=_at_least_zero)
+    weight_decay: float | None = option(
+        None, "AdamW's, on matrices only (not norms or biases); null = the regime's default "
+              "(dlmkit.train.regime)",
+        expect="a number >= 0 or null (the regime's default)", check=_at_least_zero)
+    betas: list[float] = option([0.9, 0.98], "AdamW's betas",
+                                expect="two numbers in [0, 1)",
+                                check=lambda v: len(v) == 2 and all(0 <= b < 1 for b in v))
+    max_grad_norm: float | None = option(
+        1.0, "clip the gradient's global norm to this (null = no clipping)",
+        expect="> 0 or null", check=lambda v: v > 0)
+    ema_decay: float | None = option(
+        None, "> 0: validation, best/, last/ and final/ use an exponential moving average of "
+              "the weights (dlmkit.train.ema); it spans ~1/(1 - decay) steps, e.g. 0.999 for "
+              "a few thousand steps. 0 = none; null = the strategy's default_ema_decay, "
+              "written into config.yaml",
+        expect="a number in [0, 1) (0 = no weight average) or null (the family's default)",
+        check=lambda v: 0 <= v < 1)
+    autocast: Literal["auto", "bf16", "none"] = option(
+        "auto", "the compute dtype of every forward: auto (bf16 on CUDA or with model.dtype "
+                "bfloat16, else off), bf16 or none", expect="auto, bf16 or none")
+    master_dtype: Literal["float32", "bfloat16"] = option(
+        "float32", "trainable weights, optimizer state; bfloat16 = pure-bf16 opt-in that "
+                   "loses small updates (warned)", expect="float32 or bfloat16")
+    loss_chunk_size: int | None = option(
+        None, "compute the logits and the loss this many tokens at a time, so the full "
+              "[tokens, vocabulary] logits never exist (dlmkit.diffusion.chunked; null = "
+              "all at once)",
+        expect="a positive int or null", check=_positive)
+    distributed: Literal["ddp", "fsdp2"] = option(
+        "ddp", "ddp or fsdp2 (used under torchrun with world size > 1)",
+        expect="ddp or fsdp2")
+    device: str = option("auto", "auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
+    log_every: int = option(10, "write the training metrics every this many steps",
+                            expect="a positive int", check=_positive)
+    val_every: int = option(100, "validate every this many steps",
+                            expect="a positive int", check=_positive)
+    save_every: int = option(100, "save a checkpoint every this many steps",
+                             expect="a positive int", check=_positive)
+    threads: int | None = option(None, "torch intra-op threads (null = torch's default)",
+                                 expect="a positive int or null", check=_positive)
+    progress: bool = option(True, "show a progress bar (plain lines in a log file)")
+    tensorboard: bool = option(
+        False, "also write the metrics as TensorBoard events in RUN/tensorboard/ (needs the "
+               "tensorboard package)")
+
+
+@dataclass
+class RunConfig(_Section):
+    """One training run's configuration (see :func:`load_config`).
+
+    ``strategy`` holds the family's ``name`` and its own options, checked by the family
+    (``dlmkit train --print-config`` lists every family's). Build one from a mapping with
+    :meth:`from_dict` (which checks it); :meth:`to_dict` gives the nested mapping that
+    ``config.yaml`` records."""
+
+    seed: int = option(0, "seeds the model's initialisation, the data draws and every noise "
+                          "generator", expect="an int >= 0", check=_at_least_zero)
+    output_dir: str | None = option(None, "the run directory (null = "
+                                          "runs/<strategy>-<task>-<timestamp>)")
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "the data trained on"})
+    model: ModelConfig = field(default_factory=ModelConfig,
+                               metadata={"help": "the model trained"})
+    # BD3-LM is the default because it decodes the bundled task exactly within 400 steps while
+    # the tiny MDLM learns the answer length from the canvas length
+    # (docs/families/bd3lm.md#why-these-defaults).
+    strategy: dict = field(default_factory=lambda: {"name": "bd3lm"}, metadata={
+        "help": "the family (name) and its own options (dlmkit.strategies)"})
+    train: TrainConfig = field(default_factory=TrainConfig,
+                               metadata={"help": "the optimisation and the run's bookkeeping"})
+
+    def to_dict(self) -> dict:
+        """The nested mapping (a deep copy), keys in declaration order: what config.yaml
+        records."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, config: dict) -> RunConfig:
+        """A checked RunConfig from a nested mapping: keys it does not give take their
+        defaults; an unknown key, a value of the wrong type or out of range is a
+        :class:`ConfigError` naming the dotted key, the value and what is allowed."""
+        merged = _merge(DEFAULTS, config)
+        built = _build(cls, merged, "")
+        built._check_together()
+        return built
+
+    def _check_together(self) -> None:
+        """What no single field's type says: the keys that depend on one another, the
+        strategy section, the data fields and LoRA options (in place: ``data.task`` is
+        cleared when files are trained on, ``model.lora`` completed)."""
+        d, m = self.data, self.model
+        if d.split_responses and not d.split_tokens:
+            raise ConfigError("data.split_responses: true does nothing while data.split_tokens "
+                              "is 0; set data.split_tokens to the share of tokens to split",
+                              key="data.split_responses")
+        from dlmkit.data.records import check_fields
+
+        try:
+            check_fields(d.fields, "data.fields")
+        except ValueError as err:
+            raise ConfigError(str(err), key="data.fields") from None
+        if d.task is None and not d.train_files:
+            raise ConfigError("data: give a bundled data.task or data.train_files")
+        if d.train_files:  # the files are trained on (recipe.build_datasets), not the task
+            d.task = None
+        if "name" not in self.strategy:
+            raise ConfigError("strategy.name is required", key="strategy")
+        if m.lora is not None:
+            from dlmkit.models.lora import lora_options
+
+            try:
+                m.lora = lora_options(m.lora)
+            except ValueError as err:
+                raise ConfigError(str(err), key="model.lora") from None
+
+
+def check_packages(config: RunConfig) -> None:
+    """The packages the config asks for are installed (before a run starts, not when a
+    finished run's config is read)."""
+    if config.train.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("train.tensorboard: true needs the tensorboard package, which is "
+                          "not installed: pip install tensorboard (or set "
+                          "train.tensorboard=false)", key="train.tensorboard")
+
+
+def _build(cls, values: dict, prefix: str):
+    """``cls`` (a section dataclass) from ``values`` (every key known, as :func:`_merge`
+    leaves them), each field checked against its annotation and its ``check``."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        value, hint = values[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[f.name] = _build(hint, value, key)
+            continue
+        check = f.metadata.get("check")
+        if not _has_type(value, hint) or (value is not None and check and not check(value)):
+            expect = f.metadata.get("expect") or _describe(hint)
+            hint_text = f" ({f.metadata['hint']})" if f.metadata.get("hint") else ""
+            raise ConfigError(f"{key} must be {expect}, got {value!r}{hint_text}", key=key)
+        if isinstance(value, tuple):  # a list in YAML: config.yaml cannot hold a tuple
+            value = list(value)
+        kwargs[f.name] = copy.deepcopy(value)
+    return cls(**kwargs)
+
+
+def _has_type(value, hint) -> bool:
+    """Whether ``value`` (as YAML reads it) is of the annotated type: ``bool`` is not an int,
+    an int is a float, a list may be a tuple."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if origin is Literal:  # `type is` so that True does not pass for 1
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    if origin is list:
+        return isinstance(value, (list, tuple)) and all(_has_type(v, args[0]) for v in value)
+    raise TypeError(f"config annotation {hint!r} has no type check")
+
+
+def _describe(hint) -> str:
+    """What a value of the annotated type is, in an error's words ("an int or null")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [arg for arg in args if arg is not type(None)]
+        if rest == [bool]:
+            return "true, false or null"
+        words = " or ".join(_describe(arg) for arg in rest)
+        return f"{words} or null" if len(rest) < len(args) else words
+    if origin is Literal:
+        return f"one of {', '.join(map(str, args))}"
+    if origin is list:
+        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s"
+    return {bool: "true or false", int: "an int", float: "a number", str: "a string",
+            dict: "a mapping"}.get(hint, str(hint))
+
+
+# The defaults as the nested mapping config files are merged onto (config.yaml's key order).
+DEFAULTS: dict = RunConfig().to_dict()
 
 
 class _Loader(yaml.SafeLoader):
@@ -197,13 +466,18 @@ def _merge(base: dict, update: dict, path: str = "") -> dict:
     for key, value in update.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in base and not is_open:
-            raise ConfigError(f"unknown config key {where!r}; valid keys under "
-                              f"{path or 'the top level'}: {', '.join(sorted(base))}")
+            close = [f"{path}.{k}" if path else k
+                     for k in difflib.get_close_matches(str(key), [str(k) for k in base], n=1)]
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {where!r}{guess}; valid keys under "
+                              f"{path or 'the top level'}: {', '.join(sorted(base))}",
+                              key=where)
         if isinstance(base.get(key), dict):
             if value is None and where in OPEN_KEYS:
                 value = {}
             if not isinstance(value, dict):
-                raise ConfigError(f"config key {where!r} must be a mapping, got {value!r}")
+                raise ConfigError(f"config key {where!r} must be a mapping, got {value!r}",
+                                  key=where)
             out[key] = _merge(base[key], value, where)
         else:
             out[key] = copy.deepcopy(value)
@@ -265,18 +539,24 @@ def _layers(path: str | Path | None, overrides: list[str] | None) -> list[tuple[
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                notes: list[str] | None = None) -> dict:
+                notes: list[str] | None = None) -> RunConfig:
     """The default config, updated by a YAML file and then by ``key.sub=value`` overrides.
 
     Relative paths that exist (data files, a tokenizer or model directory, a DFlash target)
     are made absolute, so that the run's config.yaml names the same files from any directory.
-    ``notes``, when given, receives lines about settings that have no effect (see
-    :func:`_unused_task`)."""
+    An error about a key names the file or the ``--set`` that gave it. ``notes``, when given,
+    receives lines about settings that have no effect (see :func:`_unused_task`)."""
     config = copy.deepcopy(DEFAULTS)
     layers = _layers(path, overrides)
+    # Each layer's source in an error: the file, or the one --set it comes from.
+    sources = ([str(path)] if path is not None else []) + [f"--set {item}"
+                                                             for item in overrides or []]
     budget: dict[str, object] = {}
     for i, (where, layer) in enumerate(layers):
-        config = _merge(config, layer)
+        try:
+            config = _merge(config, layer)
+        except ConfigError as err:
+            raise ConfigError(f"{sources[i]}: {err}", key=err.key) from None
         train = layer.get("train") if isinstance(layer.get("train"), dict) else {}
         budget.update({k: train[k] for k in ("steps", "epochs") if k in train})
         if i + 1 == len(layers) or layers[i + 1][0] != where:
@@ -285,7 +565,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     absolute_paths(config)
     if notes is not None:
         notes.extend(_unused_task(layers, config))
-    return validate(config)
+    try:
+        built = RunConfig.from_dict(config)
+        check_packages(built)
+        return built
+    except ConfigError as err:
+        source = _source_of(err.key, layers, sources)
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {err}", key=err.key) from None
+
+
+def _source_of(key: str | None, layers: list[tuple[str, dict]],
+               sources: list[str]) -> str | None:
+    """The source (:func:`load_config`'s ``sources``) of the last layer that sets ``key`` or a
+    key under it; None when no layer does (a default, or an error about no single key)."""
+    if key is None:
+        return None
+    for (_, layer), source in zip(reversed(layers), reversed(sources)):
+        if any(k == key or k.startswith(f"{key}.") for k in flatten(layer)):
+            return source
+    return None
 
 
 def _one_budget(budget: dict, where: str, config: dict) -> None:
@@ -397,134 +697,34 @@ def with_defaults(config: dict) -> dict:
     return _merge(_merge(DEFAULTS, BEFORE_THEY_EXISTED), config)
 
 
-def dump_yaml(config: dict) -> str:
+def dump_yaml(config: dict | RunConfig) -> str:
+    """``config`` (a RunConfig or a nested mapping) as config.yaml writes it."""
+    if isinstance(config, RunConfig):
+        config = config.to_dict()
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def commented_yaml(config: RunConfig, width: int = 88) -> str:
+    """``config`` as :func:`dump_yaml` writes it, each field under its help text as a YAML
+    comment (the same keys and values: it loads as the same config)."""
+    lines: list[str] = []
+
+    def section(obj, indent: str) -> None:
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            for text in textwrap.wrap(f.metadata["help"], width - len(indent) - 2):
+                lines.append(f"{indent}# {text}")
+            if isinstance(value, _Section):
+                lines.append(f"{indent}{f.name}:")
+                section(value, indent + "  ")
+            else:
+                dumped = yaml.safe_dump({f.name: copy.deepcopy(value)}, sort_keys=False)
+                lines.extend(indent + line for line in dumped.rstrip("\n").split("\n"))
+
+    section(config, "")
+    return "\n".join(lines) + "\n"
 
 
 def load_yaml(text: str):
     """Read YAML the way config files are read (YAML 1.2 floats)."""
     return _yaml(text)
-
-
-def validate(config: dict) -> dict:
-    def need(cond: bool, message: str) -> None:
-        if not cond:
-            raise ConfigError(message)
-
-    def number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    def positive_int(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-    t, d, m = config["train"], config["data"], config["model"]
-    if t["micro_batch_size"] is not None:
-        value = t["micro_batch_size"]
-        need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-             f"train.micro_batch_size must be a positive int or null, got {value!r}")
-    from .best import FINAL_MODELS
-
-    need(t["final_model"] in FINAL_MODELS,
-         f"train.final_model must be one of {', '.join(FINAL_MODELS)}, got {t['final_model']!r}")
-    need(number(d["split_tokens"]) and 0 <= d["split_tokens"] <= 1,
-         f"data.split_tokens must be a number in [0, 1] (0 = off), got {d['split_tokens']!r}")
-    need(isinstance(d["split_responses"], bool),
-         f"data.split_responses must be true or false, got {d['split_responses']!r}")
-    need(not d["split_responses"] or d["split_tokens"],
-         "data.split_responses: true does nothing while data.split_tokens is 0; set "
-         "data.split_tokens to the share of tokens to split")
-    need(t["steps"] is None or positive_int(t["steps"]),
-         f"train.steps must be a positive int, got {t['steps']!r} (or null: the strategy's "
-         "default_steps, or train.epochs when set)")
-    need(isinstance(t["early_stopping_patience"], int)
-         and not isinstance(t["early_stopping_patience"], bool)
-         and t["early_stopping_patience"] >= 0,
-         f"train.early_stopping_patience must be an int >= 0 (0 = off), got "
-         f"{t['early_stopping_patience']!r}")
-    need(number(t["early_stopping_min_delta"]) and t["early_stopping_min_delta"] >= 0,
-         f"train.early_stopping_min_delta must be a number >= 0, got "
-         f"{t['early_stopping_min_delta']!r}")
-    need(t["epochs"] is None or (number(t["epochs"]) and t["epochs"] > 0),
-         f"train.epochs must be a number > 0 or null, got {t['epochs']!r}")
-    for key in ("global_batch_size", "log_every", "val_every",
-                "save_every"):
-        need(positive_int(t[key]), f"train.{key} must be a positive int, got {t[key]!r}")
-    need(t["lr"] is None or (number(t["lr"]) and t["lr"] > 0),
-         f"train.lr must be > 0 (or null: the strategy's default), got {t['lr']!r}")
-    need(t["warmup_steps"] is None
-         or (isinstance(t["warmup_steps"], int) and not isinstance(t["warmup_steps"], bool)
-             and t["warmup_steps"] >= 0),
-         f"train.warmup_steps must be an int >= 0 or null (10% of the steps), "
-         f"got {t['warmup_steps']!r}")
-    need(number(t["min_lr_ratio"]) and 0 <= t["min_lr_ratio"] <= 1,
-         f"train.min_lr_ratio must be a number in [0, 1], got {t['min_lr_ratio']!r}")
-    need(t["weight_decay"] is None or (number(t["weight_decay"]) and t["weight_decay"] >= 0),
-         f"train.weight_decay must be a number >= 0 or null (the regime's default), "
-         f"got {t['weight_decay']!r}")
-    from .regime import REGIMES
-
-    need(t["regime"] in REGIMES,
-         f"train.regime must be one of {', '.join(REGIMES)}, got {t['regime']!r}")
-    need(isinstance(t["betas"], (list, tuple)) and len(t["betas"]) == 2
-         and all(number(b) and 0 <= b < 1 for b in t["betas"]),
-         f"train.betas must be two numbers in [0, 1), got {t['betas']!r}")
-    need(t["autocast"] in ("auto", "bf16", "none"),
-         f"train.autocast must be auto, bf16 or none, got {t['autocast']!r}")
-    need(t["distributed"] in ("ddp", "fsdp2"),
-         f"train.distributed must be ddp or fsdp2, got {t['distributed']!r}")
-    need(t["ema_decay"] is None or (number(t["ema_decay"]) and 0 <= t["ema_decay"] < 1),
-         f"train.ema_decay must be a number in [0, 1) (0 = no weight average) or null (the "
-         f"family's default), got {t['ema_decay']!r}")
-    need(t["max_grad_norm"] is None or (number(t["max_grad_norm"]) and t["max_grad_norm"] > 0),
-         f"train.max_grad_norm must be > 0 or null, got {t['max_grad_norm']!r}")
-    need(t["loss_chunk_size"] is None or positive_int(t["loss_chunk_size"]),
-         f"train.loss_chunk_size must be a positive int or null, got {t['loss_chunk_size']!r}")
-    need(t["threads"] is None or positive_int(t["threads"]),
-         f"train.threads must be a positive int or null, got {t['threads']!r}")
-    need(isinstance(t["tensorboard"], bool),
-         f"train.tensorboard must be true or false, got {t['tensorboard']!r}")
-    need(not t["tensorboard"] or importlib.util.find_spec("tensorboard") is not None,
-         "train.tensorboard: true needs the tensorboard package, which is not installed: "
-         "pip install tensorboard (or set train.tensorboard=false)")
-    need(isinstance(config["seed"], int) and not isinstance(config["seed"], bool)
-         and config["seed"] >= 0, f"seed must be an int >= 0, got {config['seed']!r}")
-    need(isinstance(d["train_files"], list) and isinstance(d["validation_files"], list),
-         "data.train_files and data.validation_files must be lists of paths, got "
-         f"{d['train_files']!r} and {d['validation_files']!r}")
-    from dlmkit.data.records import check_fields
-
-    try:
-        check_fields(d["fields"], "data.fields")
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    need(d["task"] is not None or d["train_files"],
-         "data: give a bundled data.task or data.train_files")
-    if d["train_files"]:  # the files are trained on (recipe.build_datasets), not the task
-        d["task"] = None
-    for key in ("num_train", "num_validation", "max_seq_len"):
-        need(positive_int(d[key]), f"data.{key} must be a positive int, got {d[key]!r}")
-    need(isinstance(config["strategy"], dict) and "name" in config["strategy"],
-         "strategy.name is required")
-    need(m["name"] is None or isinstance(m["name"], str),
-         f"model.name must be a string (a preset or a model directory) or null, "
-         f"got {m['name']!r}")
-    need(d["supervise_padding"] is None or isinstance(d["supervise_padding"], bool),
-         f"data.supervise_padding must be true, false or null, got {d['supervise_padding']!r}")
-    need(d["truncation"] in TRUNCATION_POLICIES,
-         f"data.truncation must be one of {', '.join(TRUNCATION_POLICIES)}, "
-         f"got {d['truncation']!r}")
-    need(m["dtype"] is None or m["dtype"] in ("float32", "bfloat16"),
-         f"model.dtype must be float32, bfloat16 or null (the checkpoint's own), "
-         f"got {m['dtype']!r}")
-    need(t["master_dtype"] in ("float32", "bfloat16"),
-         f"train.master_dtype must be float32 or bfloat16, got {t['master_dtype']!r}")
-    need(isinstance(m["gradient_checkpointing"], bool),
-         f"model.gradient_checkpointing must be true or false, got {m['gradient_checkpointing']!r}")
-    if m["lora"] is not None:
-        from dlmkit.models.lora import lora_options
-
-        try:
-            m["lora"] = lora_options(m["lora"])
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-    return config

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .config import RunConfig
+
 DTYPES = ("float32", "bfloat16")
 
 
@@ -56,22 +58,22 @@ def source_dtype(spec: str | None) -> str:
     return "bfloat16" if declared == "bfloat16" else "float32"
 
 
-def resolve_storage_dtype(config: dict) -> str | None:
+def resolve_storage_dtype(config: RunConfig) -> str | None:
     """Write the source's dtype into ``model.dtype`` when it is null (``model.name`` already
     resolved), so config.yaml records what the export is written in; a line saying so, or
     None when the user set it."""
-    m = config["model"]
-    if m["dtype"] is not None:
+    m = config.model
+    if m.dtype is not None:
         return None
-    m["dtype"] = source_dtype(m["name"])
-    if not Path(str(m["name"])).is_dir():  # a preset: float32, nothing to say
+    m.dtype = source_dtype(m.name)
+    if not Path(str(m.name)).is_dir():  # a preset: float32, nothing to say
         return None
-    return (f"model.dtype={m['dtype']}: the dtype of {m['name']!r} (frozen weights and the "
+    return (f"model.dtype={m.dtype}: the dtype of {m.name!r} (frozen weights and the "
             "export; trained weights stay in train.master_dtype)")
 
 
-def warn_pure_bf16(config: dict) -> None:
-    if config["train"]["master_dtype"] == "bfloat16":
+def warn_pure_bf16(config: RunConfig) -> None:
+    if config.train.master_dtype == "bfloat16":
         warnings.warn("train.master_dtype=bfloat16: the trained weights and their optimizer "
                       "state are kept in bf16, so every update smaller than half a bf16 ulp of "
                       "its weight (most updates at fine-tuning learning rates) is lost; float32 "
@@ -79,15 +81,15 @@ def warn_pure_bf16(config: dict) -> None:
                       UserWarning, stacklevel=2)
 
 
-def resolve_precision(config: dict, device: torch.device) -> Precision:
+def resolve_precision(config: RunConfig, device: torch.device) -> Precision:
     """The run's :class:`Precision`; ``model.dtype: null`` reads the source's config.json
     (:func:`resolve_storage_dtype` writes it into the config once)."""
-    m, t = config["model"], config["train"]
-    storage = m["dtype"] or source_dtype(m["name"])
-    mode = t["autocast"]
+    m, t = config.model, config.train
+    storage = m.dtype or source_dtype(m.name)
+    mode = t.autocast
     if mode == "auto":
         mode = "bf16" if device.type == "cuda" or storage == "bfloat16" else "none"
-    return Precision(master=getattr(torch, t["master_dtype"]),
+    return Precision(master=getattr(torch, t.master_dtype),
                      compute=torch.bfloat16 if mode == "bf16" else None,
                      storage=getattr(torch, storage))
 

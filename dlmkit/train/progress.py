@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 
 def _clock(seconds: float) -> str:
@@ -69,19 +73,19 @@ class Progress:
             self.bar.close()
 
 
-def data_summary(train_set, val_set, config: dict) -> list[str]:
+def data_summary(train_set, val_set, config: RunConfig) -> list[str]:
     """What the run trains on, printed before the first step: records, supervised tokens,
     the longest record, and how many passes over the training records the budget makes
     (``train.steps`` resolved); a warning when one global batch holds more rows than the
     training set has records (each step then repeats records)."""
-    t = config["train"]
-    records, batch = len(train_set), t["global_batch_size"]
-    passes = t["steps"] * batch / records
+    t = config.train
+    records, batch = len(train_set), t.global_batch_size
+    passes = t.steps * batch / records
     validation = f"; {len(val_set)} validation records" if val_set is not None else \
         "; no validation data"
     lines = [f"data: {records} training records, {train_set.num_supervised_tokens} supervised "
              f"tokens, longest record {int(train_set.lengths.max())} tokens{validation}",
-             f"budget: {t['steps']} steps x {batch} samples = {passes:.3g} passes over the "
+             f"budget: {t.steps} steps x {batch} samples = {passes:.3g} passes over the "
              "training records"]
     if batch > records:
         lines.append(f"warning: train.global_batch_size={batch} is larger than the training "

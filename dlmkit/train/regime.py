@@ -16,11 +16,15 @@ without weights is an error. ``scratch`` / ``finetune`` force one. Every ``train
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 from dlmkit.models.directory import check_model_directory
 
-REGIMES = ("auto", "scratch", "finetune")
+from .config import Regime, RunConfig
+
+REGIMES = typing.get_args(Regime)
+
 
 def detect_regime(name: str) -> str:
     """``scratch`` for a preset, ``finetune`` for a model directory with weights.
@@ -35,34 +39,34 @@ def detect_regime(name: str) -> str:
     return "finetune"
 
 
-def resolve_regime(config: dict, strategy) -> str:
+def resolve_regime(config: RunConfig, strategy) -> str:
     """Fill the unset ``train`` keys the regime decides, in place: ``train.regime``, ``lr``,
     ``weight_decay`` and, for fine-tuning, ``ema_decay`` and the budget (``epochs``; the
     warmup fraction is :func:`warmup_fraction`'s). Returns the line to print. Runs before the
     budget is resolved (:mod:`.budget` turns epochs into steps, and fills an unset
     ``ema_decay`` with the family's from-scratch default)."""
-    t = config["train"]
-    detected = detect_regime(config["model"]["name"])
-    regime = detected if t["regime"] == "auto" else t["regime"]
-    t["regime"] = regime
+    t = config.train
+    detected = detect_regime(config.model.name)
+    regime = detected if t.regime == "auto" else t.regime
+    t.regime = regime
     if regime == "scratch":
         defaults = {"lr": strategy.default_lr, "weight_decay": strategy.default_weight_decay}
     else:
         f = strategy.finetune_defaults
         defaults = {"lr": f["lr"], "weight_decay": f["weight_decay"], "ema_decay": f["ema_decay"]}
-        if t["steps"] is None and t["epochs"] is None:
+        if t.steps is None and t.epochs is None:
             defaults["epochs"] = f["epochs"]
-    filled = [f"{key}={value:g}" for key, value in defaults.items() if t[key] is None]
-    for key, value in defaults.items():
-        if t[key] is None:
-            t[key] = value
+    unset = {key: value for key, value in defaults.items() if getattr(t, key) is None}
+    filled = [f"{key}={value:g}" for key, value in unset.items()]
+    for key, value in unset.items():
+        setattr(t, key, value)
     shift = resolve_logit_shift(config, strategy)
     if shift:
         filled.append(shift)
     what = ("a preset: trained from scratch" if detected == "scratch"
             else "a model directory with weights: a pretrained checkpoint, fine-tuned")
     forced = "" if regime == detected else f"; train.regime={regime} overrides it"
-    line = f"train.regime={regime}: model.name {config['model']['name']!r} is {what}{forced}"
+    line = f"train.regime={regime}: model.name {config.model.name!r} is {what}{forced}"
     if filled:
         line += (f"; {strategy.name}'s {regime} defaults: {', '.join(filled)} (set "
                  "train.<key> / strategy.<key> to change one)")
@@ -70,23 +74,20 @@ def resolve_regime(config: dict, strategy) -> str:
 
 
 
-def lora_warning(config: dict) -> str | None:
+def lora_warning(config: RunConfig) -> str | None:
     """A warning when LoRA adapts a preset: its base weights are random and frozen, so only
     the low-rank adapters learn, from nothing."""
-    m = config["model"]
-    if m["lora"] and config["train"]["regime"] == "scratch":
-        return (f"warning: model.lora adapts {m['name']!r}, a preset whose weights are randomly "
+    m = config.model
+    if m.lora and config.train.regime == "scratch":
+        return (f"warning: model.lora adapts {m.name!r}, a preset whose weights are randomly "
                 "initialised and frozen: only the adapters learn. LoRA is for pretrained "
                 "checkpoints (model.name a model directory); drop model.lora to train the "
                 "whole model")
     return None
 
 
-# The families whose exports record strategy.logit_shift: a checkpoint of theirs keeps its own.
-_SHIFTED_FAMILIES = ("mdlm", "bd3lm", "scdd")
 
-
-def resolve_logit_shift(config: dict, strategy) -> str | None:
+def resolve_logit_shift(config: RunConfig, strategy) -> str | None:
     """``strategy.logit_shift: null`` (the masked families that offer it): true when
     fine-tuning a causal checkpoint — its head predicts the next token, and reading it that way
     keeps what it learned (the measurement: docs/logit_shift.md) — the export's own value for a
@@ -95,15 +96,16 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
     if strategy.config.get("logit_shift", False) is not None:
         return None
     value = False
-    if config["train"]["regime"] == "finetune":
-        meta_file = Path(str(config["model"]["name"])) / "dlmkit.json"
+    if config.train.regime == "finetune":
+        meta_file = Path(str(config.model.name)) / "dlmkit.json"
         meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-        if meta.get("strategy") in _SHIFTED_FAMILIES:
+        # A checkpoint of a family that records strategy.logit_shift keeps its own.
+        if "logit_shift" in getattr(_family_strategy(meta.get("strategy")), "options", {}):
             value = bool((meta.get("options") or {}).get("logit_shift", False))
         else:
             value = True
-    strategy.config["logit_shift"] = config["strategy"]["logit_shift"] = value
-    if config["train"]["regime"] != "finetune":
+    strategy.config["logit_shift"] = config.strategy["logit_shift"] = value
+    if config.train.regime != "finetune":
         return None  # from scratch there is no head to keep: nothing worth a word
     return f"strategy.logit_shift={str(value).lower()}"
 
@@ -114,14 +116,21 @@ def resolve_logit_shift(config: dict, strategy) -> str | None:
 SMALL_CHECKPOINT = 50_000_000
 
 
-def small_checkpoint_warning(config: dict, model, lr_unset: bool) -> str | None:
+def small_checkpoint_warning(config: RunConfig, model, lr_unset: bool) -> str | None:
     """A warning when the fine-tuning default lr meets a small checkpoint."""
-    if config["train"]["regime"] != "finetune" or not lr_unset:
+    if config.train.regime != "finetune" or not lr_unset:
         return None
     count = sum(p.numel() for p in model.parameters())
     if count >= SMALL_CHECKPOINT:
         return None
-    return (f"warning: train.lr={config['train']['lr']:g} is the fine-tuning default for "
+    return (f"warning: train.lr={config.train.lr:g} is the fine-tuning default for "
             f"checkpoints of 0.5 B+ parameters; this one has {count / 1e6:.1f} M, and at this "
             "size it barely moves the weights (docs/finetuning.md): set train.lr, e.g. near the "
             "from-scratch rate")
+
+
+def _family_strategy(name):
+    """The strategy class of family ``name`` (None: not a dlmkit family)."""
+    from dlmkit import strategies
+
+    return strategies.get(name) if name in strategies.names() else None

@@ -34,11 +34,12 @@ from .checkpoint import ResumePoint, find_resume_point
 from .config import (
     RESUMABLE_KEYS,
     ConfigError,
+    RunConfig,
     absolute_paths,
+    check_packages,
     flatten,
     get_key,
     set_key,
-    validate,
     with_defaults,
 )
 
@@ -52,7 +53,7 @@ class ResumePlan:
     """A resume: where from, the config it trains with, what changed against the checkpoint."""
 
     point: ResumePoint
-    config: dict
+    config: RunConfig
     applied: dict[str, tuple] = field(default_factory=dict)   # resumable keys: (old, new)
     forced: dict[str, tuple] = field(default_factory=dict)    # other keys, allowed by the flag
     # Strategy options an older checkpoint does not record, kept at the values it trained with.
@@ -87,10 +88,9 @@ class ResumePlan:
         return lines
 
 
-def data_files(config: dict) -> list[str]:
+def data_files(config: RunConfig) -> list[str]:
     """The data files (or saved dataset directories) ``config`` trains and validates on."""
-    d = config["data"]
-    return [str(p) for p in [*d["train_files"], *d["validation_files"]]]
+    return [str(p) for p in [*config.data.train_files, *config.data.validation_files]]
 
 
 def _fingerprint(path: str) -> str:
@@ -114,7 +114,7 @@ def _fingerprint(path: str) -> str:
     return "missing"
 
 
-def data_fingerprints(config: dict) -> dict[str, str]:
+def data_fingerprints(config: RunConfig) -> dict[str, str]:
     """Every data file of ``config`` -> its fingerprint (size and SHA-256)."""
     return {path: _fingerprint(path) for path in data_files(config)}
 
@@ -124,7 +124,8 @@ def record_data_files(run_dir: Path, fingerprints: dict[str, str]) -> None:
     (Path(run_dir) / DATA_FILES).write_text(json.dumps(fingerprints, indent=1) + "\n")
 
 
-def _data_differences(run_dir: Path, config: dict) -> tuple[dict[str, tuple], dict, list[str]]:
+def _data_differences(run_dir: Path, config: RunConfig
+                      ) -> tuple[dict[str, tuple], dict, list[str]]:
     """Data files of ``config`` whose fingerprint differs from the run's record: ``{"data file
     PATH": (then, now)}``, the fingerprints now, and notes on what could not be checked."""
     now = data_fingerprints(config)
@@ -160,7 +161,8 @@ def _differences(old: dict, new: dict) -> dict[str, tuple]:
 
 
 def _complete_strategy(config: dict, *, from_checkpoint: bool) -> dict:
-    """Give ``config["strategy"]`` every option of its family (in place), as the run's
+    """Give ``config["strategy"]`` (a nested mapping) every option of its family (in place),
+    as the run's
     config.yaml records them. An option a checkpoint does not record (config.yaml from an
     older dlmkit, which wrote only the options set) takes the family's ``former_defaults``
     value if it has one (what the run trained with; returned), else today's default."""
@@ -168,7 +170,7 @@ def _complete_strategy(config: dict, *, from_checkpoint: bool) -> dict:
     try:
         family = strategies.get(section["name"])
     except (TypeError, KeyError, ValueError):
-        return {}  # validate() names the bad strategy section
+        return {}  # RunConfig.from_dict names the bad strategy section
     former = {k: copy.deepcopy(v) for k, v in family.former_defaults.items()
               if from_checkpoint and k not in section}
     section.update(former)
@@ -177,14 +179,14 @@ def _complete_strategy(config: dict, *, from_checkpoint: bool) -> dict:
     return former
 
 
-def plan_resume(config: dict, *, explicit: list[str] | None = None,
+def plan_resume(config: RunConfig, *, explicit: list[str] | None = None,
                 allow_config_change: bool = False) -> ResumePlan:
-    """The resume of ``config["output_dir"]``.
+    """The resume of ``config.output_dir``.
 
     ``explicit``: dotted keys the user set (see :func:`~dlmkit.train.config.explicit_keys`);
     only they are taken from ``config``. ``None`` takes every key (the API: ``config`` is the
     whole intended config)."""
-    run_dir = config.get("output_dir")
+    run_dir = config.output_dir
     if not run_dir:
         raise ConfigError("--resume needs --output-dir (the run to continue)")
     point = find_resume_point(Path(run_dir))
@@ -199,21 +201,23 @@ def plan_resume(config: dict, *, explicit: list[str] | None = None,
         raise ConfigError(f"--resume: {point.path / 'config.yaml'}: {err}") from None
     former = _complete_strategy(stored, from_checkpoint=True)
     notes = _older_relative_paths(stored, point)
+    given = config.to_dict()
     resumed = copy.deepcopy(stored)
     if explicit is None:
-        resumed = copy.deepcopy(config)
+        resumed = given
         _complete_strategy(resumed, from_checkpoint=False)
     else:
         for key in explicit:
             # An explicit key under a mapping replaces that leaf only (as --set merges).
-            set_key(resumed, key, get_key(config, key))
-    resumed["output_dir"] = config["output_dir"]  # the directory may have moved
+            set_key(resumed, key, get_key(given, key))
+    resumed["output_dir"] = config.output_dir  # the directory may have moved
     try:
-        resumed = validate(resumed)
+        resumed = RunConfig.from_dict(resumed)
+        check_packages(resumed)
     except ConfigError as err:
         raise ConfigError(f"--resume: the config of {point.path} with your changes is not "
                           f"valid: {err}") from None
-    changes = _differences(stored, resumed)
+    changes = _differences(stored, resumed.to_dict())
     applied = {k: v for k, v in changes.items() if k in RESUMABLE_KEYS}
     other = {k: v for k, v in changes.items() if k not in RESUMABLE_KEYS}
     changed_data, fingerprints, data_notes = _data_differences(Path(run_dir), resumed)

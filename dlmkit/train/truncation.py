@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from dlmkit.data import Collator, SFTDataset
 
-from .config import ConfigError
+from .config import ConfigError, TruncationPolicy
 
 
 @dataclass
@@ -56,8 +56,8 @@ class CapReport:
         return text
 
 
-def apply_length_cap(dataset: SFTDataset, collator: Collator, policy: str, split: str,
-                     requested: int | None) -> tuple[SFTDataset, CapReport]:
+def apply_length_cap(dataset: SFTDataset, collator: Collator, policy: TruncationPolicy,
+                     split: str, requested: int | None) -> tuple[SFTDataset, CapReport]:
     """``dataset`` as ``collator`` will train it under ``policy`` (see the module doc) and
     its counts; ``requested`` is ``data.max_seq_len`` as written (for the messages).
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dlmkit.train import load_config
+from dlmkit.train import RunConfig, load_config
 
 TINY = [
     "model.config={hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
@@ -63,7 +63,7 @@ def overrides(*extra: str, strategy: str = "mdlm") -> list[str]:
     return TINY + opts + list(extra)
 
 
-def config(*extra: str, strategy: str = "mdlm", output_dir: Path | None = None) -> dict:
+def config(*extra: str, strategy: str = "mdlm", output_dir: Path | None = None) -> RunConfig:
     items = overrides(*extra, strategy=strategy)
     if output_dir is not None:
         items.append(f"output_dir={output_dir}")

@@ -21,8 +21,7 @@ CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 def gradients(cfg: dict) -> tuple[float, dict[str, torch.Tensor]]:
     """Step 0's loss and gradients (the frozen vision tower has none)."""
     c = build_components(cfg, CPU)
-    loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator, c.sampler,
-                                   cfg, CPU)
+    loss, _ = accumulate_gradients(0, c.step_context(cfg, CPU))
     return loss, {n: p.grad.clone() for n, p in c.model.named_parameters() if p.grad is not None}
 
 

@@ -29,8 +29,7 @@ def one_step(name: str, *extra: str):
         if isinstance(layer, GradientCheckpointingLayer):
             for child in layer.children():
                 child.register_forward_pre_hook(lambda *a: calls.append(1))
-    loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator, c.sampler,
-                                   cfg, CPU)
+    loss, _ = accumulate_gradients(0, c.step_context(cfg, CPU))
     grads = {n: p.grad.clone() for n, p in c.model.named_parameters() if p.grad is not None}
     return c.model, loss, grads, len(calls)
 

@@ -25,8 +25,7 @@ LORA = "model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"
 def train(cfg, steps: int = 3):
     c = build_components(cfg, CPU)
     for step in range(steps):
-        train_step(step, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator,
-                   c.sampler, cfg, CPU)
+        train_step(step, c.step_context(cfg, CPU))
     return c
 
 
@@ -96,8 +95,7 @@ def test_lora_with_gradient_checkpointing_gives_the_same_gradients():
 
         cfg = config(LORA, *extra)
         c = build_components(cfg, CPU)
-        loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator,
-                                       c.sampler, cfg, CPU)
+        loss, _ = accumulate_gradients(0, c.step_context(cfg, CPU))
         return loss, {n: p.grad for n, p in c.model.named_parameters() if p.grad is not None}
 
     loss, plain = grads()

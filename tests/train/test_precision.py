@@ -27,8 +27,7 @@ def train(steps: int, *extra: str) -> tuple[dict, dict, list[float]]:
         warnings.simplefilter("ignore", UserWarning)  # the pure-bf16 opt-in's warning
         c = build_components(cfg, CPU)
     before = {n: p.detach().float().clone() for n, p in c.model.named_parameters()}
-    out = [train_step(s, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator,
-                      c.sampler, cfg, CPU)["loss"] for s in range(steps)]
+    out = [train_step(s, c.step_context(cfg, CPU))["loss"] for s in range(steps)]
     after = {n: p.detach().float().clone() for n, p in c.model.named_parameters()}
     return before, after, out
 
@@ -121,8 +120,7 @@ def test_weight_average_under_bf16_compute_in_training():
     assert param.dtype == torch.float32
     trajectory = [param.detach().clone()]
     for s in range(6):
-        train_step(s, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator,
-                   c.sampler, cfg, CPU)
+        train_step(s, c.step_context(cfg, CPU))
         average.update()
         trajectory.append(param.detach().clone())
     assert (average.shadow[name].double() - exact_average(trajectory, 0.9)).abs().max() < 1e-6
@@ -233,8 +231,7 @@ def test_lora_keeps_its_frozen_base_in_bf16_and_its_adapters_in_fp32(tmp_path):
     assert dtypes == {(True, torch.float32), (False, torch.bfloat16)}
     before = {n: p.detach().clone() for n, p in c.model.named_parameters() if p.requires_grad}
     for s in range(2):
-        train_step(s, c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator,
-                   c.sampler, cfg, CPU)
+        train_step(s, c.step_context(cfg, CPU))
     assert all(not torch.equal(p, before[n]) for n, p in c.model.named_parameters()
                if p.requires_grad and "lora_B" in n)
     final = export_final(tmp_path / "run", c.model, c.tokenizer, cfg, c.strategy, CPU,

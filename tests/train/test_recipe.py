@@ -71,8 +71,7 @@ def test_loss_falls_over_50_steps(tmp_path):
 
 def gradients(cfg: dict) -> tuple[float, dict[str, torch.Tensor]]:
     c = build_components(cfg, CPU)
-    loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator, c.sampler,
-                                   cfg, CPU)
+    loss, _ = accumulate_gradients(0, c.step_context(cfg, CPU))
     return loss, {n: p.grad.clone() for n, p in c.model.named_parameters()}
 
 

@@ -45,9 +45,9 @@ def bpe(root, *extra):
 def rows(root, share, step=0, strategy="mdlm", responses=True):
     responses = responses and share > 0  # split_responses needs a share to split
     items = bpe(root, f"data.split_tokens={share}", f"data.split_responses={responses}")
-    c = build_components(config(*items, strategy=strategy), CPU)
-    (batch,) = prepare_micro_batches(step, c.strategy, c.train_set, c.collator, c.sampler,
-                                     config(*items, strategy=strategy), CPU.device)
+    cfg = config(*items, strategy=strategy)
+    c = build_components(cfg, CPU)
+    (batch,) = prepare_micro_batches(step, c.step_context(cfg, CPU))
     return c, batch
 
 

@@ -3,6 +3,8 @@ each stratum, and every sample's noise is the same under any rank / micro-batch 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -22,8 +24,8 @@ def per_sample_noise(c, cfg, *, world_size: int, micro: int, step: int = 1) -> d
         sampler = GlobalBatchSampler(len(c.train_set), G, rank=rank, world_size=world_size,
                                      micro_batch_size=micro, seed=cfg["seed"])
         for indices, p in zip(sampler.micro_batches(step),
-                              prepare_micro_batches(step, c.strategy, c.train_set, c.collator,
-                                                    sampler, cfg, torch.device("cpu"))):
+                              prepare_micro_batches(step, replace(c.step_context(cfg, CPU),
+                                                                  sampler=sampler))):
             for row, index in enumerate(indices):
                 n = len(c.train_set[index]["input_ids"])
                 out[index] = (p["p_mask"][row, :n].clone(), p["noise_mask"][row, :n].clone())
