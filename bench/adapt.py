@@ -83,6 +83,12 @@ class Size:
         eval_entries: held-out entries scored at each checkpoint (None: all).
         mc_samples: Monte-Carlo draws per held-out entry for the ELBO scorers.
         probe_entries: most probe entries decoded (None: all).
+        memorise_steps: the second pretraining phase: the AR model continued on the training
+            entries plus the probe entries repeated ``memorise_repeat`` times, so that it
+            recalls most probe entries exactly (the retention probe then has something to
+            lose); 0: no such phase.
+        memorise_repeat: copies of each probe entry in that phase's data.
+        memorise_lr: that phase's learning rate (no weight decay, no warmup).
     """
 
     model: str
@@ -96,6 +102,9 @@ class Size:
     eval_entries: int | None
     mc_samples: int
     probe_entries: int | None
+    memorise_steps: int = 0
+    memorise_repeat: int = 0
+    memorise_lr: float = 1e-3
 
 
 SIZES = {
@@ -104,10 +113,14 @@ SIZES = {
                                                     "num_attention_heads": 2,
                                                     "num_key_value_heads": 2},
                   max_bytes=48, max_entries=48, pretrain_steps=8, points=2, batch=8,
-                  probe_repeat=2, eval_entries=4, mc_samples=2, probe_entries=4),
+                  probe_repeat=2, eval_entries=4, mc_samples=2, probe_entries=4,
+                  memorise_steps=4, memorise_repeat=2, memorise_lr=3e-3),
     "documented": Size(model="tiny-llama", model_config={}, max_bytes=96, max_entries=None,
                        pretrain_steps=600, points=6, batch=16, probe_repeat=8,
-                       eval_entries=48, mc_samples=8, probe_entries=None),
+                       eval_entries=48, mc_samples=8, probe_entries=None,
+                       # Phase 1 alone reproduced 2 of the 34 probe definitions (each seen 69
+                       # times under weight decay 0.5); this phase makes a probe that can fail.
+                       memorise_steps=200, memorise_repeat=25, memorise_lr=1e-3),
 }
 
 
@@ -178,8 +191,11 @@ def split_of(head: str) -> str:
 
 
 def write_data(text_file: Path, size: Size, data_dir: Path) -> dict[str, list[dict]]:
-    """Write ``pretrain.jsonl`` (train + probe x probe_repeat), ``adapt.jsonl`` (train),
-    ``held_out.jsonl`` and ``probe.jsonl`` under ``data_dir``; return the splits' records."""
+    """Write ``pretrain.jsonl`` (train + probe x probe_repeat), ``memorise.jsonl`` (train +
+    probe x memorise_repeat, the second pretraining phase), ``adapt.jsonl`` (train),
+    ``held_out.jsonl`` and ``probe.jsonl`` under ``data_dir``; return the splits' records.
+    Each file is replaced whole (written aside, then renamed): invocations that share a
+    ``--work`` may start while another one's training reads them."""
     splits: dict[str, list[dict]] = {"train": [], "held_out": [], "probe": []}
     for head, body in entries(text_file.read_text(encoding="ascii"), size.max_bytes):
         splits[split_of(head)].append({"prompt": head, "response": body})
@@ -188,11 +204,12 @@ def write_data(text_file: Path, size: Size, data_dir: Path) -> dict[str, list[di
         splits = {k: v[:max(2, math.ceil(len(v) * scale))] for k, v in splits.items()}
     data_dir.mkdir(parents=True, exist_ok=True)
     files = {"pretrain": splits["train"] + splits["probe"] * size.probe_repeat,
+             "memorise": splits["train"] + splits["probe"] * size.memorise_repeat,
              "adapt": splits["train"], "held_out": splits["held_out"], "probe": splits["probe"]}
     for name, records in files.items():
-        with open(data_dir / f"{name}.jsonl", "w") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        partial = data_dir / f".{name}.{os.getpid()}.tmp"
+        partial.write_text("".join(json.dumps(r) + "\n" for r in records))
+        partial.replace(data_dir / f"{name}.jsonl")
     return splits
 
 
@@ -210,12 +227,25 @@ def check_logit_shift(families) -> None:
                          + "). It needs the strategy.logit_shift option of issue 52 item 4.")
 
 
-def train(run_dir: Path, overrides: dict, threads: int, log: Path) -> float:
-    """``dlmkit train --set key=value ...`` in a child process; returns its wall seconds."""
+TRAINED = "bench-train.json"  # in a run directory: the settings it finished with, wall, load
+
+
+def train(run_dir: Path, overrides: dict, threads: int, log: Path,
+          keep: bool = False) -> float:
+    """``dlmkit train --set key=value ...`` in a child process; returns its wall seconds.
+    ``keep``: a run directory whose training finished with exactly these settings (its
+    ``bench-train.json``) is not trained again; its recorded wall seconds are returned."""
     args = [sys.executable, "-c", "import sys; from dlmkit.cli import main; sys.exit(main())",
             "train", "--overwrite"]
     settings = {"output_dir": str(run_dir), "train.threads": threads, "train.progress": False,
                 "train.device": "cpu", **overrides}
+    done_file = run_dir / TRAINED
+    if keep and done_file.is_file() and (run_dir / "final").is_dir():
+        earlier = json.loads(done_file.read_text())
+        if earlier["settings"] == json.loads(json.dumps(settings)):
+            print(f"bench/adapt.py: {run_dir} was trained with these settings: scored as it is",
+                  flush=True)
+            return earlier["wall_s"]
     for key, value in settings.items():
         args += ["--set", f"{key}={json.dumps(value)}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -226,7 +256,11 @@ def train(run_dir: Path, overrides: dict, threads: int, log: Path) -> float:
         tail = log.read_text()[-3000:]
         raise SystemExit(f"bench/adapt.py: training {run_dir} failed (exit {done.returncode}); "
                          f"log {log}:\n{tail}")
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    # The load as training ends: its 15-minute average spans most of a run.
+    done_file.write_text(json.dumps({"settings": settings, "wall_s": round(wall, 1),
+                                     "load_avg": [round(x, 2) for x in os.getloadavg()]}))
+    return wall
 
 
 def common_overrides(size: Size, data_dir: Path, train_file: str) -> dict:
@@ -267,14 +301,14 @@ def bits_per_byte(loaded, records: list[dict], mc_samples: int) -> float:
     bytes, in bits, over their count."""
     import torch
 
-    from dlmkit import strategies
+    from dlmkit import families
     from dlmkit.generate.api import encode_prompt
     from dlmkit.generate.likelihood import causal_loglikelihood, elbo
     from dlmkit.generate.runner import Runner
 
     tok = loaded.tokenizer
     name = loaded.meta.get("strategy")
-    scorer = strategies.get(name).likelihood
+    scorer = families.get(name).likelihood
     rows = [(encode_prompt(tok, r["prompt"]), tok.encode(r["response"])) for r in records]
     runner = Runner(loaded.model, vocab_size=tok.vocab_size)
     total = 0.0
@@ -344,6 +378,66 @@ def steps_of(run_dir: Path) -> tuple[int, int]:
     return int(selected.get("last_step") or last), int(selected.get("step") or last)
 
 
+def adapted_run(family: str, shift: bool | None, adapt_set: dict) -> tuple[str, dict]:
+    """``(run directory name, dlmkit train settings)`` of one adapted run. ``shift`` True /
+    False sets ``strategy.logit_shift`` explicitly (off must be said: a causal checkpoint's
+    default is on); None leaves the family's default (and families without the option)."""
+    settings = {**({"strategy.logit_shift": shift} if shift is not None else {}), **adapt_set}
+    tag = f"adapt-{family}" + {None: "", True: "-shift", False: "-noshift"}[shift] + "".join(
+        f"-{k}={v}" for k, v in adapt_set.items())
+    return tag, settings
+
+
+def shifts_of(family: str, logit_shift: str | None) -> list[bool | None]:
+    """The ``strategy.logit_shift`` values to adapt ``family`` with for ``--logit-shift``."""
+    if logit_shift is None or family not in SHIFTABLE:
+        return [None]
+    return {"both": [False, True], "on": [True], "off": [False]}[logit_shift]
+
+
+def pretrain(args, size: Size, work: Path, data_dir: Path, model_set: dict) -> dict:
+    """Pretrain the AR model: phase 1 (``pretrain-ar-base``: the whole budget from scratch on
+    ``pretrain.jsonl``), then, when the size has one, phase 2 (``pretrain-ar``: the phase-1
+    model continued for ``memorise_steps`` on ``memorise.jsonl``, no weight decay) so that it
+    recalls the probe entries. Returns ``{"dir", "wall_s", "base"}`` (``base``: phase 1's
+    directory and wall seconds; None without a phase 2)."""
+    phase1 = {**common_overrides(size, data_dir, "pretrain.jsonl"), "strategy.name": "ar",
+              "model.name": size.model, **model_set, "train.early_stopping_patience": 0,
+              "train.final_model": "last"}
+    if not size.memorise_steps:
+        pre_dir = work / "pretrain-ar"
+        return {"dir": pre_dir, "base": None,
+                "wall_s": train(pre_dir, phase1, args.threads, work / "pretrain-ar.log")}
+    base_dir = work / "pretrain-ar-base"
+    saved = base_dir / "bench.json"
+    if args.reuse_base:
+        if not saved.is_file():
+            raise SystemExit(f"bench/adapt.py --reuse-base: no {saved}; run the benchmark once "
+                             f"without it for --size {args.size} --work {work}")
+        earlier = json.loads(saved.read_text())
+        if earlier["size"] != args.size:
+            raise SystemExit(f"bench/adapt.py --reuse-base: {base_dir} was pretrained for "
+                             f"--size {earlier['size']}, not {args.size}")
+        base_wall = earlier["wall_s"]
+    else:
+        base_wall = train(base_dir, phase1, args.threads, work / "pretrain-ar-base.log")
+        saved.write_text(json.dumps({"size": args.size, "wall_s": round(base_wall, 1)}))
+    pre_dir = work / "pretrain-ar"
+    # A checkpoint directory as model.name: the fine-tuning regime, with every setting it
+    # would default given here (this phase is pretraining, not an adaptation).
+    wall = train(pre_dir, {**common_overrides(size, data_dir, "memorise.jsonl"),
+                           "strategy.name": "ar", "model.name": str(base_dir / "final"),
+                           "train.steps": size.memorise_steps,
+                           "train.val_every": size.memorise_steps,
+                           "train.save_every": size.memorise_steps,
+                           "train.log_every": size.memorise_steps,
+                           "train.lr": size.memorise_lr, "train.weight_decay": 0.0,
+                           "train.warmup_steps": 0, "train.ema_decay": 0.0,
+                           "train.early_stopping_patience": 0, "train.final_model": "last"},
+                 args.threads, work / "pretrain-ar.log")
+    return {"dir": pre_dir, "wall_s": wall, "base": {"dir": base_dir, "wall_s": base_wall}}
+
+
 # -- the benchmark -----------------------------------------------------------------------------
 def run_benchmark(args) -> list[dict]:
     size = SIZES[args.size]
@@ -378,7 +472,9 @@ def run_benchmark(args) -> list[dict]:
 
     def record(kind: str, family: str, run_dir: Path, wall: float, ar_bpb: float | None,
                ar_recalled: set | None) -> dict:
-        load_before = os.getloadavg()  # as training ends: the 15-minute one spans most of it
+        done_file = run_dir / TRAINED
+        load_before = (json.loads(done_file.read_text())["load_avg"] if done_file.is_file()
+                       else os.getloadavg())
         start = time.perf_counter()
         s = score_run(run_dir, held_out, probe, size.mc_samples)
         trained, chosen = steps_of(run_dir)
@@ -426,26 +522,31 @@ def run_benchmark(args) -> list[dict]:
         base["batch_id"] = earlier["batch_id"]
         pre = record("pretrain", "ar", pre_dir, 0.0, None, None)
     else:
-        wall = train(pre_dir, {**common_overrides(size, data_dir, "pretrain.jsonl"),
-                               "strategy.name": "ar", "model.name": size.model, **model_set,
-                               "train.early_stopping_patience": 0, "train.final_model": "last"},
-                     args.threads, work / "pretrain-ar.log")
-        pre = record("pretrain", "ar", pre_dir, wall, None, None)
+        done = pretrain(args, size, work, data_dir, model_set)
+        pre = record("pretrain", "ar", pre_dir, done["wall_s"], None, None)
+        if done["base"] is not None:
+            # Phase 1 alone, for the record: what the memorising phase added and cost.
+            b = score_run(done["base"]["dir"], held_out, probe, size.mc_samples)
+            base_steps, _ = steps_of(done["base"]["dir"])
+            pre.update(probe_repeat=size.probe_repeat, memorise_steps=size.memorise_steps,
+                       memorise_repeat=size.memorise_repeat, memorise_lr=size.memorise_lr,
+                       steps=base_steps + pre["steps"],
+                       train_wall_s=round(done["base"]["wall_s"] + done["wall_s"], 1),
+                       base={"steps": base_steps, "bpb": b["bpb"], "curve": b["curve"],
+                             "recalled": len(b["recalled"]),
+                             "train_wall_s": done["base"]["wall_s"]})
         (pre_dir / "bench.json").write_text(json.dumps({"size": args.size,
                                                         "batch_id": batch_id}))
         emit(pre)
     ar_bpb, ar_recalled = pre["bpb"], set(pre["_recalled_set"])
     checkpoint = str(pre_dir / "final")
     for family in families:
-        shifts = [False, True] if args.logit_shift and family in SHIFTABLE else [None]
-        for shift in shifts:
-            extra = {**({"strategy.logit_shift": True} if shift else {}), **args.adapt_set}
-            tag = f"adapt-{family}" + ("-shift" if shift else "") + "".join(
-                f"-{k}={v}" for k, v in args.adapt_set.items())
+        for shift in ([] if args.no_adapt else shifts_of(family, args.logit_shift)):
+            tag, extra = adapted_run(family, shift, args.adapt_set)
             run_dir = work / tag
             wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
                                    "strategy.name": family, "model.name": checkpoint, **extra},
-                         args.threads, work / f"{tag}.log")
+                         args.threads, work / f"{tag}.log", keep=args.keep_trained)
             emit({**record("adapted", family, run_dir, wall, ar_bpb, ar_recalled),
                   "overrides": args.adapt_set})
         if args.no_scratch:
@@ -453,7 +554,7 @@ def run_benchmark(args) -> list[dict]:
         run_dir = work / f"scratch-{family}"
         wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
                                "strategy.name": family, "model.name": size.model, **model_set},
-                     args.threads, work / f"scratch-{family}.log")
+                     args.threads, work / f"scratch-{family}.log", keep=args.keep_trained)
         emit(record("scratch", family, run_dir, wall, ar_bpb, None))
     return lines
 
@@ -533,7 +634,17 @@ def table(lines: list[dict]) -> str:
                        f"{pre['mc_samples']} Monte-Carlo draws each for the ELBOs. Trained in "
                        f"{pre['train_wall_s']:.0f} s (15-minute load average at its end "
                        f"{pre['load_avg'][2]:.1f}) on "
-                       f"{pre['threads']} thread(s).\n")
+                       f"{pre['threads']} thread(s).")
+            base = pre.get("base")
+            if base:
+                out[-1] += (f" The {pre['steps']} steps: {base['steps']} from scratch on the "
+                            f"training entries and each probe entry x{pre['probe_repeat']} "
+                            f"(then {base['bpb']:.3f} bits/byte, {base['recalled']} probe "
+                            f"entries recalled; {base['train_wall_s']:.0f} s), then "
+                            f"{pre['memorise_steps']} on the training entries and each probe "
+                            f"entry x{pre['memorise_repeat']} (lr {pre['memorise_lr']:g}, no "
+                            "weight decay), so that the probe has something to lose.")
+            out[-1] += "\n"
         out.append("| family | init | logit shift | steps run | bits/byte | x AR | steps to "
                    "<= 1.1x AR | retained / AR recalled | curve (step: bits/byte) | "
                    "train s | load, 15 min |")
@@ -587,12 +698,24 @@ def parse_args(argv=None):
     p.add_argument("--size", choices=sorted(SIZES), default="documented")
     p.add_argument("--families", nargs="+", default=list(FAMILIES), metavar="FAMILY",
                    help=f"families to adapt and train from scratch (default: {' '.join(FAMILIES)})")
-    p.add_argument("--logit-shift", action="store_true",
-                   help=f"also adapt {', '.join(SHIFTABLE)} with strategy.logit_shift=true")
+    p.add_argument("--logit-shift", nargs="?", const="both", choices=("both", "on", "off"),
+                   default=None,
+                   help=f"adapt {', '.join(SHIFTABLE)} with strategy.logit_shift set: both "
+                        "(the default of the bare flag: one run off, one on), on or off; "
+                        "without the flag they get the fine-tuning default (on for a causal "
+                        "checkpoint)")
     p.add_argument("--no-scratch", action="store_true", help="skip the from-scratch runs")
+    p.add_argument("--no-adapt", action="store_true",
+                   help="skip the adapted runs (only the from-scratch ones)")
+    p.add_argument("--keep-trained", action="store_true",
+                   help="score, without training again, a run directory in --work whose "
+                        "training finished with the same settings")
     p.add_argument("--adapt-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a dlmkit train setting for the adapted runs instead of the fine-tuning "
                         "default (a control, e.g. train.lr=1e-3); recorded in each line")
+    p.add_argument("--reuse-base", action="store_true",
+                   help="pretrain again from the phase-1 model an earlier run left in --work "
+                        "(pretrain-ar-base): only the memorising phase is trained")
     p.add_argument("--reuse-pretrain", action="store_true",
                    help="use the pretrained AR model an earlier run left in --work (its batch: "
                         "the new lines join that run's table)")
@@ -626,6 +749,14 @@ def parse_args(argv=None):
         except json.JSONDecodeError:
             settings[key] = value
     args.adapt_set = settings
+    if args.logit_shift and "strategy.logit_shift" in settings:
+        p.error(f"--logit-shift {args.logit_shift} and --adapt-set strategy.logit_shift="
+                f"{settings['strategy.logit_shift']} both set the shift: give one")
+    if args.no_adapt and args.no_scratch:
+        p.error("--no-adapt and --no-scratch together leave nothing to run")
+    if args.reuse_base and args.reuse_pretrain:
+        p.error("--reuse-base pretrains again (its phase 2); --reuse-pretrain reuses the whole "
+                "pretrained model: give one")
     return args
 
 

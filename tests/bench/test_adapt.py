@@ -86,6 +86,67 @@ def test_probe_entries_are_pretrained_but_never_adapted(tmp_path):
     assert all(counts.count(p) == size.probe_repeat for p in probe)
     held = {r["prompt"] for r in read["held_out"]}
     assert held and not held & set(counts)
+    # The memorising phase: the training entries and the probe entries, never the held-out.
+    memorise = [json.loads(x)["prompt"] for x in (tmp_path / "data" / "memorise.jsonl").open()]
+    assert all(memorise.count(p) == size.memorise_repeat for p in probe)
+    assert set(memorise) == probe | {r["prompt"] for r in read["adapt"]}
+    assert not list((tmp_path / "data").glob("*.tmp"))
+
+
+def test_logit_shift_off_is_set_explicitly():
+    """An adapted run "off" must say strategy.logit_shift=false: left unset, fine-tuning a
+    causal checkpoint turns it on (such "off" runs once trained with the shift)."""
+    adapt = _module()
+    assert adapt.shifts_of("bd3lm", "both") == [False, True]
+    assert adapt.shifts_of("mdlm", "off") == [False]
+    assert adapt.shifts_of("idlm", "both") == [None]  # no such option
+    assert adapt.shifts_of("bd3lm", None) == [None]
+    tag, settings = adapt.adapted_run("bd3lm", False, {})
+    assert (tag, settings) == ("adapt-bd3lm-noshift", {"strategy.logit_shift": False})
+    tag, settings = adapt.adapted_run("bd3lm", True, {"train.lr": 1e-4})
+    assert tag == "adapt-bd3lm-shift-train.lr=0.0001"
+    assert settings == {"strategy.logit_shift": True, "train.lr": 1e-4}
+    assert adapt.adapted_run("idlm", None, {}) == ("adapt-idlm", {})
+
+
+def test_arguments_that_contradict_are_refused(capsys):
+    adapt = _module()
+    for argv, message in [
+        (["--logit-shift", "on", "--adapt-set", "strategy.logit_shift=false"],
+         "--logit-shift on and --adapt-set strategy.logit_shift=False both set the shift"),
+        (["--no-adapt", "--no-scratch"], "--no-adapt and --no-scratch together leave nothing"),
+        (["--reuse-base", "--reuse-pretrain"], "--reuse-base pretrains again"),
+        (["--logit-shift", "sometimes"], "argument --logit-shift: invalid choice: 'sometimes'"),
+    ]:
+        with pytest.raises(SystemExit):
+            adapt.parse_args(argv)
+        assert message in capsys.readouterr().err
+    assert adapt.parse_args(["--logit-shift"]).logit_shift == "both"
+
+
+def test_keep_trained_scores_a_finished_run_without_training(tmp_path, monkeypatch):
+    adapt = _module()
+    calls = []
+
+    def fake_run(args, **kw):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(adapt.subprocess, "run", fake_run)
+    run_dir = tmp_path / "scratch-mdlm"
+    (run_dir / "final").mkdir(parents=True)
+    settings = {"strategy.name": "mdlm", "train.lr": 1e-3}
+    adapt.train(run_dir, settings, 1, tmp_path / "log")
+    assert len(calls) == 1
+    saved = json.loads((run_dir / adapt.TRAINED).read_text())
+    assert saved["settings"]["train.lr"] == 1e-3 and len(saved["load_avg"]) == 3
+    assert adapt.train(run_dir, settings, 1, tmp_path / "log", keep=True) == saved["wall_s"]
+    assert len(calls) == 1  # not trained again
+    # Another setting, another thread count or no keep: trained again.
+    adapt.train(run_dir, {**settings, "train.lr": 1e-4}, 1, tmp_path / "log", keep=True)
+    adapt.train(run_dir, settings, 2, tmp_path / "log", keep=True)
+    adapt.train(run_dir, settings, 1, tmp_path / "log")
+    assert len(calls) == 4
 
 
 def test_logit_shift_flag_needs_the_option(monkeypatch):
@@ -115,7 +176,10 @@ def test_table_renders_the_newest_batch(tmp_path):
     adapt = _module()
     lines = [
         _line(adapt, batch_id="B1", run="pretrain", family="ar", bpb=9.0, curve=[[8, 9.0]]),
-        _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.5], [8, 2.0]]),
+        _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.0]], steps=12,
+              probe_repeat=2, memorise_steps=4, memorise_repeat=3, memorise_lr=0.001,
+              base={"steps": 8, "bpb": 1.9, "curve": [[8, 1.9]], "recalled": 0,
+                    "train_wall_s": 5.0}),
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
               curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8),
         _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
@@ -130,6 +194,9 @@ def test_table_renders_the_newest_batch(tmp_path):
     doc.write_text(f"intro\n{adapt.TABLE_BEGIN}\nold\n{adapt.TABLE_END}\noutro\n")
     text = adapt.write_table(results, doc)
     assert "9.000" not in text  # batch B1 is older
+    assert ("The 12 steps: 8 from scratch on the training entries and each probe entry x2 "
+            "(then 1.900 bits/byte, 0 probe entries recalled; 5 s), then 4 on the training "
+            "entries and each probe entry x3 (lr 0.001, no weight decay)") in text
     assert "| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 4: 2.30, 8: 2.10 |" in text
     assert "| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |" in text
     assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |" in text
@@ -165,11 +232,15 @@ def test_smoke_size_end_to_end(tmp_path):
     lines = bench("--families", "mdlm")
     assert [(x["run"], x["family"]) for x in lines] == [
         ("pretrain", "ar"), ("adapted", "mdlm"), ("scratch", "mdlm")]
-    for line in lines:
-        assert [s for s, _ in line["curve"]] == [4, 8]
-        assert all(math.isfinite(b) and b > 0 for _, b in line["curve"])
-        assert line["bpb"] > 0 and line["steps"] == 8
     pre, adapted, scratch = lines
+    # Pretraining: 8 steps from scratch, then 4 memorising the probe entries.
+    assert [s for s, _ in pre["base"]["curve"]] == [4, 8] and pre["base"]["steps"] == 8
+    assert [s for s, _ in pre["curve"]] == [4] and pre["steps"] == 12
+    for line in lines:
+        assert all(math.isfinite(b) and b > 0 for _, b in line["curve"])
+        assert line["bpb"] > 0
+    for line in (adapted, scratch):
+        assert [s for s, _ in line["curve"]] == [4, 8] and line["steps"] == 8
     assert adapted["ar_bpb"] == scratch["ar_bpb"] == pre["bpb"]
     assert adapted["ar_recalled"] == pre["recalled"]
     assert 0 <= adapted["retained"] <= adapted["ar_recalled"]
@@ -180,6 +251,12 @@ def test_smoke_size_end_to_end(tmp_path):
     assert (more["run"], more["family"], more["batch_id"]) == ("adapted", "idlm",
                                                                pre["batch_id"])
     assert more["ar_bpb"] == pre["bpb"] and more["ar_recalled"] == pre["recalled"]
+
+    # --keep-trained scores the run already trained with these settings, without training.
+    *_, kept = bench("--families", "mdlm", "--no-adapt", "--reuse-pretrain", "--keep-trained")
+    assert (kept["run"], kept["bpb"], kept["train_wall_s"]) == ("scratch", scratch["bpb"],
+                                                                scratch["train_wall_s"])
+    results.write_text("".join(json.dumps(x) + "\n" for x in [*lines, more]))
 
     # --rescore scores the batch's runs again in place: the same draws, the same numbers.
     again = bench("--rescore")
