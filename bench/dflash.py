@@ -37,9 +37,9 @@ def decode(target_dir: str, draft_dir: str, task: str, n: int) -> tuple[dict, di
     from transformers import GenerationConfig
 
     from dlmkit.data import get_task
+    from dlmkit.families.dflash.pair import attach_draft
     from dlmkit.generate import generate, load
     from dlmkit.generate.api import encode_prompt
-    from dlmkit.families.dflash.pair import attach_draft
 
     loaded = load(target_dir)
     tok = loaded.tokenizer
@@ -91,8 +91,8 @@ def decode(target_dir: str, draft_dir: str, task: str, n: int) -> tuple[dict, di
 def batched(target_dir: str, draft_dir: str, task: str, n: int, batch_size: int) -> dict:
     """Target-only against speculative greedy decoding, ``batch_size`` prompts per call."""
     from dlmkit.data import get_task
-    from dlmkit.generate import generate, load
     from dlmkit.families.dflash.pair import attach_draft
+    from dlmkit.generate import generate, load
 
     loaded = load(target_dir)
     prompts = [r["prompt"] for r in get_task(task).records("test", n)]
@@ -123,20 +123,20 @@ def train_share(draft_dir: str, steps: int) -> dict:
     config, a few steps from a fresh drafter)."""
     import yaml
 
+    from dlmkit.train.config import RunConfig, with_defaults
     from dlmkit.train.distributed import World
     from dlmkit.train.recipe import build_components, train_step
 
     run = Path(draft_dir).parent
-    config = yaml.safe_load((run / "config.yaml").read_text())
+    config = RunConfig.from_dict(with_defaults(yaml.safe_load((run / "config.yaml").read_text())))
     world = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     c = build_components(config, world)
-    args = (c.model, c.optimizer, c.scheduler, c.strategy, c.train_set, c.collator, c.sampler,
-            config, world)
-    train_step(0, *args)  # warm-up
+    ctx = c.step_context(config, world)
+    train_step(0, ctx)  # warm-up
     c.strategy.target_seconds = 0.0
     start = time.perf_counter()
     for step in range(1, steps + 1):
-        train_step(step, *args)
+        train_step(step, ctx)
     total = time.perf_counter() - start
     return {"steps": steps, "seconds_per_step": total / steps,
             "target_seconds_per_step": c.strategy.target_seconds / steps,

@@ -133,8 +133,7 @@ def test_no_draft_query_sees_context_at_or_after_its_anchor(tokenizer, blocks, a
 
 def gradients(cfg):
     c = build_components(cfg, CPU)
-    loss, _ = accumulate_gradients(0, c.model, c.strategy, c.train_set, c.collator, c.sampler,
-                                   cfg, CPU)
+    loss, _ = accumulate_gradients(0, c.step_context(cfg, CPU))
     return loss, {n: p.grad.clone() for n, p in c.model.named_parameters()}
 
 
@@ -157,8 +156,8 @@ def test_target_is_frozen_and_not_optimised():
 
 def test_train_logs_draft_accuracy_and_exports_a_speculative_model(tmp_path):
     from dlmkit.cli import main
-    from dlmkit.generate import load
     from dlmkit.families.dflash.pair import DFlashPair
+    from dlmkit.generate import load
 
     run_dir = tmp_path / "run"
     main(cli_args(run_dir, "train.steps=2", strategy="dflash"))
