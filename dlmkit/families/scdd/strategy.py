@@ -13,7 +13,8 @@ class SCDDStrategy(MDLMStrategy):
 
     name = "scdd"
     options = SCDDTraining
-    # its defaults before those (and before logit_shift existed)
+    # What a checkpoint that records no option trained with: scdd's defaults before t_min 0.2
+    # and stratified times (and before logit_shift existed).
     former_defaults = {"t_min": 0.0, "time_sampling": "iid", "logit_shift": False}
     # Trained defaults (why: docs/families/scdd.md#why-these-defaults).
     default_steps = 10000
