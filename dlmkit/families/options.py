@@ -11,8 +11,9 @@ Annotations understood: ``bool``, ``int``, ``float`` (an int is accepted), ``str
 an int or a float. Metadata (all optional but ``help``):
 
 * ``choices``: the allowed values;
-* ``low`` / ``high`` with ``ends`` (``"[]"``, ``"[)"``, ``"(]"``, ``"()"``): a numeric range;
-  one end only: a bound on that side (numbers must then be finite);
+* ``low`` / ``high`` with ``ends`` (``"[]"``, ``"[)"``, ``"(]"``, ``"()"``): a numeric range
+  (messages print the bounds as written: ``0.0`` or ``0``); one end only: a bound on that side
+  (numbers must then be finite);
 * ``positive``: an int >= 1, or a number > 0;
 * ``null``: what ``None`` means; required exactly when the annotation allows ``None``.
 """
@@ -126,7 +127,7 @@ def _number(value) -> bool:
 
 
 def _span(low, high, ends: str) -> str:
-    return f"{ends[0]}{low:g}, {high:g}{ends[1]}"
+    return f"{ends[0]}{low!r}, {high!r}{ends[1]}"
 
 
 def _in_range(value, low, high, ends: str) -> bool:
@@ -154,9 +155,9 @@ def allowed(cls, f: dataclasses.Field) -> str:
         elif low is not None and high is not None:
             text = f"an int in {_span(low, high, ends)}"
         elif low is not None:
-            text = f"an int {'>=' if ends[0] == '[' else '>'} {low:g}"
+            text = f"an int {'>=' if ends[0] == '[' else '>'} {low!r}"
         elif high is not None:
-            text = f"an int {'<=' if ends[1] == ']' else '<'} {high:g}"
+            text = f"an int {'<=' if ends[1] == ']' else '<'} {high!r}"
         else:
             text = "an int"
     else:
@@ -166,9 +167,9 @@ def allowed(cls, f: dataclasses.Field) -> str:
         elif low is not None and high is not None:
             text = f"a number in {_span(low, high, ends)}"
         elif low is not None:
-            text = f"a finite number {'>=' if ends[0] == '[' else '>'} {low:g}"
+            text = f"a finite number {'>=' if ends[0] == '[' else '>'} {low!r}"
         elif high is not None:
-            text = f"a finite number {'<=' if ends[1] == ']' else '<'} {high:g}"
+            text = f"a finite number {'<=' if ends[1] == ']' else '<'} {high!r}"
         else:
             text = "a finite number"
     if nullable:

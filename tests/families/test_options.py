@@ -205,9 +205,9 @@ def _make(name, **options):
 
 
 @pytest.mark.parametrize("name,options,message", [
-    ("block_diffusion", {"eps": 1.0}, "strategy.eps must be a number in (0, 1), got 1.0"),
+    ("block_diffusion", {"eps": 1.0}, "strategy.eps must be a number in (0.0, 1.0), got 1.0"),
     ("block_diffusion", {"self_conditioning_p": 1.5},
-     "strategy.self_conditioning_p must be a number in [0, 1], got 1.5"),
+     "strategy.self_conditioning_p must be a number in [0.0, 1.0], got 1.5"),
     ("block_diffusion", {"max_blocks": 0},
      "strategy.max_blocks must be a positive int or null (no limit), got 0"),
     ("block_diffusion", {"encoder_loss_weight": math.inf},

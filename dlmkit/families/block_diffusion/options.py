@@ -76,10 +76,10 @@ class BlockDiffusionTraining(TrainingOptions):
     block_size: int = block_size_option(
         4, "the canvas block the decoder denoises; recorded in dlmkit.json")
     eps: float = train_option(1e-3, "lower end of the canvas block's noise level",
-                              low=0, high=1, ends="()")
+                              low=0.0, high=1.0, ends="()")
     self_conditioning_p: float = train_option(
         0.5, "probability that a step's second decoder pass is conditioned on the first "
-             "pass's logits (0 = no self-conditioning, one pass)", low=0, high=1, ends="[]")
+             "pass's logits (0 = no self-conditioning, one pass)", low=0.0, high=1.0, ends="[]")
     encoder_loss_weight: float = train_option(
         1.0, "weight of the encoder's next-token loss (0 = none)", low=0)
     encoder_loss_targets: str = train_option(
