@@ -22,7 +22,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -65,9 +65,10 @@ def _at_least_zero(value) -> bool:
     return value >= 0
 
 
-class _Section:
-    """Mapping-style access (``config["train"]["lr"]``) for scripts written against the nested
-    dict config; dlmkit itself reads attributes. Only a field's own name is a key."""
+class _Section(Mapping):
+    """Mapping-style access (``config["train"]["lr"]``, ``dict(config.train)``) for scripts
+    written against the nested dict config; dlmkit itself reads attributes. The keys are the
+    field names."""
 
     def __getitem__(self, key: str):
         if key not in _names(type(self)):
@@ -79,8 +80,11 @@ class _Section:
             raise KeyError(key)
         setattr(self, key, value)
 
-    def __contains__(self, key: object) -> bool:
-        return key in _names(type(self))
+    def __iter__(self):
+        return iter(_names(type(self)))
+
+    def __len__(self) -> int:
+        return len(_names(type(self)))
 
 
 def _names(cls) -> tuple[str, ...]:

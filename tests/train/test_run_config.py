@@ -163,6 +163,7 @@ def test_the_typed_config_reads_as_attributes_and_as_the_mapping_it_replaces():
     assert config.train.steps == 7 and "steps" in config["train"]
     with pytest.raises(KeyError):
         config["train"]["stpes"]
+    assert dict(config["train"]) == config.to_dict()["train"]
     assert RunConfig().to_dict() == DEFAULTS
     assert RunConfig.from_dict(config.to_dict()) == config
 
