@@ -29,6 +29,12 @@ from typing import Any, Literal
 
 import yaml
 
+
+def _default_family() -> str:
+    from dlmkit import families
+
+    return families.DEFAULT
+
 Regime = Literal["auto", "scratch", "finetune"]
 FinalModel = Literal["best", "last"]
 TruncationPolicy = Literal["error", "drop", "truncate"]
@@ -264,11 +270,10 @@ class RunConfig(_Section):
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "the data trained on"})
     model: ModelConfig = field(default_factory=ModelConfig,
                                metadata={"help": "the model trained"})
-    # BD3-LM is the default because it decodes the bundled task exactly within 400 steps while
-    # the tiny MDLM learns the answer length from the canvas length
-    # (docs/families/bd3lm.md#why-these-defaults).
-    strategy: dict = field(default_factory=lambda: {"name": "bd3lm"}, metadata={
-        "help": "the family (name) and its own options (dlmkit.strategies)"})
+    # The registry names the embedded default's family (why that one:
+    # docs/families/<name>.md#why-these-defaults).
+    strategy: dict = field(default_factory=lambda: {"name": _default_family()}, metadata={
+        "help": "the family (name) and its own options (dlmkit.families)"})
     train: TrainConfig = field(default_factory=TrainConfig,
                                metadata={"help": "the optimisation and the run's bookkeeping"})
 
