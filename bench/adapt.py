@@ -21,7 +21,7 @@ The benchmark:
 4. scores every checkpoint of every run on the held-out entries: bits per byte of the
    definition given the headword, exact for ``ar`` and the causal streams (``hybrid``,
    ``idlm``), the Monte-Carlo ELBO (an upper bound on the bits) for the masked families, each
-   by the scorer its strategy names (:mod:`dlmkit.generate.likelihood`); and, at the final
+   by the scorer its strategy names (:mod:`dlmkit.decoding.likelihood`); and, at the final
    model, the retention probe: the probe entries whose definition the family's own sampler
    (greedy, :func:`dlmkit.generate.api.generate`) reproduces exactly from the headword.
 
@@ -302,9 +302,9 @@ def bits_per_byte(loaded, records: list[dict], mc_samples: int) -> float:
     import torch
 
     from dlmkit import families
+    from dlmkit.decoding.likelihood import causal_loglikelihood, elbo
+    from dlmkit.decoding.runner import Runner
     from dlmkit.generate.api import encode_prompt
-    from dlmkit.generate.likelihood import causal_loglikelihood, elbo
-    from dlmkit.generate.runner import Runner
 
     tok = loaded.tokenizer
     name = loaded.meta.get("strategy")

@@ -42,10 +42,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from dlmkit.data.tasks import get_task
+    from dlmkit.decoding.runner import Runner
     from dlmkit.families.block_diffusion.decode import sample_canvas
     from dlmkit.generate import load, sampler_config
     from dlmkit.generate.api import _strip, encode_prompt
-    from dlmkit.generate.runner import Runner
 
     loaded = load(args.model)
     model, tok, meta = loaded.model, loaded.tokenizer, loaded.meta

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dlmkit.decoding.options import SamplerConfig
 from dlmkit.families.strategy import Strategy
-from dlmkit.generate.config import SamplerConfig
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,12 @@ class Family:
         trains: what the training objective is, in a few words.
         strategy: the training strategy class (:class:`~dlmkit.families.strategy.Strategy`).
         sampling: its sampler's options, a frozen dataclass extending
-            :class:`~dlmkit.generate.config.SamplerConfig`; its ``sampler`` is ``name``.
+            :class:`~dlmkit.decoding.options.SamplerConfig`; its ``sampler`` is ``name``.
         decode: ``decode(runner, encoded prompts, resolved options, *, stop_ids, generator,
             mask_id, pad_id) -> list of token-id rows`` (the generated part, before the stop
             token is stripped).
         likelihood: how the export scores a continuation (lm-eval loglikelihood requests): a
-            scorer of :mod:`dlmkit.generate.likelihood`, or None when it cannot.
+            scorer of :mod:`dlmkit.decoding.likelihood`, or None when it cannot.
         also_decoded_by: other families' samplers that decode this family's export exactly as
             trained (the clean causal stream of hybrid and idlm is a causal LM: ``ar``).
         related: samplers of a family with the same layout but another reverse process: they

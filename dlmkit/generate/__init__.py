@@ -1,12 +1,11 @@
-"""The shared decoding runtime and the sampling entry points (:mod:`.api`).
-
-Modules: :mod:`.primitives` (Gumbel sampling, confidence, schedule, threshold selection),
-:mod:`.commit` (the commit rules of a denoising step, the masked canvas), :mod:`.runner`
-(model calls, left-padded ragged batches), :mod:`.stream` (the KV-cached causal stream, AR
-decoding), :mod:`.config` (the options every sampler takes), :mod:`.likelihood` (scorers),
-:mod:`.evaluation` (exact match), :mod:`.api` (load, generate, infill). Each family's decoder
-and its sampler's options live in its folder (:mod:`dlmkit.families`).
+"""The sampling entry points, above the families: :mod:`.api` (load an export, generate,
+infill), :mod:`.evaluation` (exact match), :mod:`.harness` (lm-eval). The decoding runtime they
+and every family's decoder share is :mod:`dlmkit.decoding`; each family's decoder and its
+sampler's options live in its folder (:mod:`dlmkit.families`).
 """
+
+from dlmkit.decoding.options import SamplerConfig
+from dlmkit.decoding.primitives import REMASKING
 
 from .api import (
     GenerationResult,
@@ -18,9 +17,7 @@ from .api import (
     load,
     sampler_config,
 )
-from .config import SamplerConfig
 from .evaluation import evaluate
-from .primitives import REMASKING
 
 
 def __getattr__(name: str):
@@ -31,7 +28,7 @@ def __getattr__(name: str):
         return tuple(families.names())
     if name == "OPTIONS":
         from dlmkit import families
-        from dlmkit.generate.config import option_names
+        from dlmkit.decoding.options import option_names
 
         return {n: frozenset(option_names(families.get(n).sampling)) for n in families.names()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

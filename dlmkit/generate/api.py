@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 
 from dlmkit import families
-
-from .config import SamplerConfig, option_names
-from .runner import Runner
+from dlmkit.decoding.options import SamplerConfig, option_names
+from dlmkit.decoding.runner import Runner
 
 META_FILE = "dlmkit.json"
 TOKENIZER_FILES = ("dlmkit_tokenizer.json", "tokenizer.json", "tokenizer_config.json")
@@ -117,7 +116,7 @@ class LoadedModel:
         """A :class:`SamplerConfig` for this model: the sampler defaults to the training
         strategy, ``block_size`` (and SCDD's schedule) to what the model was trained with;
         ``options`` override (unknown or unused ones are errors)."""
-        from .config import trained_logit_shift
+        from dlmkit.decoding.options import trained_logit_shift
 
         name = self.meta.get("strategy")
         family = families.get(name) if name in families.names() else None

@@ -15,9 +15,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dlmkit.decoding.options import SamplerConfig
+
 from . import api
 from .api import GenerationResult, check_prompt_lengths, encode_prompt
-from .config import SamplerConfig
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,11 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from dlmkit import families
+from dlmkit.decoding.likelihood import ELBO_SCORERS, causal_loglikelihood, elbo
+from dlmkit.decoding.options import SamplerConfig, option_names
+from dlmkit.decoding.runner import Runner
 
 from .api import encode_prompt, generate, load
-from .config import SamplerConfig, option_names
-from .likelihood import ELBO_SCORERS, causal_loglikelihood, elbo
-from .runner import Runner
 
 
 def sampler_options() -> list[str]:

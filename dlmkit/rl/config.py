@@ -2,7 +2,7 @@
 
 The same file format and override syntax as ``dlmkit train`` (the merge and the YAML reader
 are :mod:`dlmkit.train.config`'s); unknown keys are errors that list the valid ones. The
-sampler options under ``rollout.sampler`` are those of :mod:`dlmkit.generate.config` (null =
+sampler options under ``rollout.sampler`` are those of :mod:`dlmkit.decoding.options` (null =
 the policy export's default), except ``seed``: every rollout is seeded from ``(seed, step,
 prompt, completion)``.
 """

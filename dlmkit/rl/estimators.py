@@ -5,7 +5,7 @@ each a differentiable function of the model under a *noise* drawn once per compl
 step and then shared by every model that scores it (the current policy, the rollout policy,
 the frozen reference), so the noise cancels from their differences:
 
-``elbo`` -- the family's own evidence lower bound, as ``dlmkit.generate.likelihood`` computes
+``elbo`` -- the family's own evidence lower bound, as ``dlmkit.decoding.likelihood`` computes
 it for scoring (but with gradients):
 
 * ``masked`` (mdlm; scdd over the non-MASK tokens): draw ``l ~ U{1..n}`` and a uniformly random
@@ -223,7 +223,7 @@ def estimator_for(strategy_cls, meta: dict, config: dict, tokenizer) -> Estimato
     """The estimator ``config["objective"]`` asks for, for an export of ``strategy_cls`` whose
     ``dlmkit.json`` is ``meta`` (its trained block and ``logit_shift``)."""
     from dlmkit import families
-    from dlmkit.generate.config import trained_logit_shift
+    from dlmkit.decoding.options import trained_logit_shift
 
     o = config["objective"]
     options = meta.get("options") or {}

@@ -55,12 +55,12 @@ def rollout(model, tokenizer, prompts: list[tuple[int, object]], group_size: int
             *, seed: int, step: int, batch_size: int | None = None,
             fixed_length: bool = False) -> list[Completion]:
     """``group_size`` completions of each ``(global prompt index, prompt)``, in prompt-major
-    order; ``cfg`` a :class:`~dlmkit.generate.config.SamplerConfig` (its own seed unused),
+    order; ``cfg`` a :class:`~dlmkit.decoding.options.SamplerConfig` (its own seed unused),
     ``batch_size`` rows per sampler call (None: all). ``fixed_length``: fill each completion
     after its stop token with EOS to its canvas width (see the module docstring)."""
     from dlmkit import families
+    from dlmkit.decoding.runner import Runner
     from dlmkit.generate.api import check_prompt_lengths, encode_prompt
-    from dlmkit.generate.runner import Runner
 
     cfg = cfg.resolved()
     rows = [(index, c, encode_prompt(tokenizer, prompt)) for index, prompt in prompts

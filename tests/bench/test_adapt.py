@@ -274,7 +274,7 @@ def test_elbo_reads_the_trained_logit_shift(monkeypatch):
 
     import torch
 
-    import dlmkit.generate.likelihood as likelihood
+    import dlmkit.decoding.likelihood as likelihood
     from dlmkit.data import load_tokenizer
 
     adapt = _module()

@@ -80,7 +80,7 @@ def test_mask_predict_remasks_an_early_guess(registered):
             logits[..., 71] = 0.0 if masked >= 2 else 9.0
             return logits
 
-    from dlmkit.generate.runner import Runner
+    from dlmkit.decoding.runner import Runner
 
     cfg = sampler_config("maskpredict", max_new_tokens=2, steps=2)
     out = sample_maskpredict(Runner(Flip(), TOK.vocab_size), [[65, 66]], cfg, mask_id=MASK,

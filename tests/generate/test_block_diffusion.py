@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from dlmkit.data import load_tokenizer
+from dlmkit.decoding.runner import Runner
 from dlmkit.families.block_diffusion.decode import sample_canvas
 from dlmkit.generate import sampler_config
-from dlmkit.generate.runner import Runner
 from dlmkit.models import diffusion_gemma as dg
 
 BLOCK, NEW, STEPS = 4, 12, 5

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from dlmkit.decoding.runner import Runner
+from dlmkit.decoding.stream import CausalStream
 from dlmkit.generate import generate, sampler_config
-from dlmkit.generate.runner import Runner
-from dlmkit.generate.stream import CausalStream
 from dlmkit.masks import block_diffusion
 from dlmkit.masks.decode import block_diffusion_decode, idlm_decode
 from dlmkit.masks.hybrid import hybrid

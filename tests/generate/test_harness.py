@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlmkit.generate.likelihood import causal_loglikelihood
-from dlmkit.generate.runner import Runner
+from dlmkit.decoding.likelihood import causal_loglikelihood
+from dlmkit.decoding.runner import Runner
 
 from .helpers import TOK, prompt_ids, tiny_model
 

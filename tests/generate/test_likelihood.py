@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from dlmkit import families
+from dlmkit.decoding.likelihood import block_elbo, elbo, masked_elbo
+from dlmkit.decoding.runner import Runner
 from dlmkit.diffusion import SCDDLoss, corrupt_scdd
-from dlmkit.generate.likelihood import block_elbo, elbo, masked_elbo
-from dlmkit.generate.runner import Runner
 
 from .helpers import MASK, Rigged, V
 

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dlmkit.decoding.likelihood import block_elbo, masked_elbo
+from dlmkit.decoding.runner import Runner
 from dlmkit.families.bd3lm.decode import sample_blocks
 from dlmkit.families.bd3lm.strategy import BD3LMStrategy
 from dlmkit.families.mdlm.decode import infill_masked, sample_masked
@@ -23,8 +25,6 @@ from dlmkit.families.mdlm.strategy import MDLMStrategy
 from dlmkit.families.scdd.decode import sample_scdd
 from dlmkit.families.scdd.strategy import SCDDStrategy
 from dlmkit.generate import load, sampler_config
-from dlmkit.generate.likelihood import block_elbo, masked_elbo
-from dlmkit.generate.runner import Runner
 
 from .helpers import MASK, STOPS, TOK, Rigged, V, positional_logits, prompt_ids, tiny_model
 
@@ -299,8 +299,8 @@ def test_export_records_and_decodes_with_the_shift(shifted_export, capsys):
 
 
 def test_lm_eval_scores_with_the_trained_shift(shifted_export):
+    from dlmkit.decoding.likelihood import elbo
     from dlmkit.generate.harness import DlmkitLM
-    from dlmkit.generate.likelihood import elbo
 
     lm = DlmkitLM(pretrained=str(shifted_export), mc_samples=4)
     prompt, cont = lm._split("abc", "cba")

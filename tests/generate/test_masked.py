@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from dlmkit import families
+from dlmkit.decoding.runner import Runner
 from dlmkit.families.scdd.decode import step_weights
 from dlmkit.generate import generate, infill, sampler_config
-from dlmkit.generate.runner import Runner
 
 from .helpers import (
     MASK,

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from dlmkit.generate.commit import split_steps
-from dlmkit.generate.primitives import (
+from dlmkit.decoding.commit import split_steps
+from dlmkit.decoding.primitives import (
     confidence,
     sample_tokens,
     scheduled_count,
@@ -111,8 +111,8 @@ def test_confidence_in_unit_interval_and_gumbel_seeded():
 
 
 def test_entropy_confidence_is_finite_when_the_mask_logit_is_excluded():
+    from dlmkit.decoding.commit import propose
     from dlmkit.generate import sampler_config
-    from dlmkit.generate.commit import propose
 
     cfg = sampler_config("mdlm", max_new_tokens=4, remasking="entropy")
     _, scores = propose(torch.randn(1, 4, 10), cfg, 3, torch.Generator())

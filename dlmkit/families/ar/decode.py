@@ -1,10 +1,10 @@
 """The ar sampler: token-by-token decoding of a causal LM over its KV cache (the causal stream
-runtime of :mod:`dlmkit.generate.stream`, shared with hybrid's ar mode and idlm)."""
+runtime of :mod:`dlmkit.decoding.stream`, shared with hybrid's ar mode and idlm)."""
 
 from __future__ import annotations
 
-from dlmkit.generate.runner import Runner
-from dlmkit.generate.stream import sample_ar
+from dlmkit.decoding.runner import Runner
+from dlmkit.decoding.stream import sample_ar
 
 from .options import ARSampling
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import SamplerConfig
 from dlmkit.families.options import TrainingOptions
-from dlmkit.generate.config import SamplerConfig
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.decoding.commit import commit_step, shifted_rows
+from dlmkit.decoding.options import SamplerConfig
+from dlmkit.decoding.runner import Runner, first_stop, rule_mask
 from dlmkit.diffusion.rng import Generators
-from dlmkit.generate.commit import commit_step, shifted_rows
-from dlmkit.generate.config import SamplerConfig
-from dlmkit.generate.runner import Runner, first_stop, rule_mask
 
 
 def sample_blocks(runner: Runner, prompts: Sequence[Sequence[int]], cfg: SamplerConfig, *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import Cached, CommitRules, LogitShift, needs_block_size, option
 from dlmkit.families.options import (
     TrainingOptions,
     block_size_option,
@@ -14,7 +15,6 @@ from dlmkit.families.options import (
     t_min_option,
     time_sampling_option,
 )
-from dlmkit.generate.config import Cached, CommitRules, LogitShift, needs_block_size, option
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ tokens:
    * otherwise positions are *committed* as in masked diffusion: each step the
      ``remasking`` confidence (``low_confidence``, ``margin``, ``entropy``, ``random``) picks
      the linear schedule's count of the most confident uncommitted positions
-     (:func:`~dlmkit.generate.primitives.scheduled_count`; with ``threshold`` also every one at
+     (:func:`~dlmkit.decoding.primitives.scheduled_count`; with ``threshold`` also every one at
      least that confident, with ``factor`` Fast-dLLM's factor rule, as in the mdlm sampler:
-     :func:`~dlmkit.generate.primitives.select_transfers`); committed tokens stay fixed, the
+     :func:`~dlmkit.decoding.primitives.select_transfers`); committed tokens stay fixed, the
      others are renoised, and the canvas ends when all are committed;
 
 4. **adaptive stopping** (``stability_threshold`` and ``confidence_threshold``): a row stops
@@ -50,10 +50,10 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.decoding.options import SamplerConfig
+from dlmkit.decoding.primitives import confidence, scheduled_count, select_transfers
+from dlmkit.decoding.runner import Runner, left_pad, positions, rule_mask
 from dlmkit.diffusion.rng import Generators, check_generator
-from dlmkit.generate.config import SamplerConfig
-from dlmkit.generate.primitives import confidence, scheduled_count, select_transfers
-from dlmkit.generate.runner import Runner, left_pad, positions, rule_mask
 from dlmkit.masks import canvas_encoder
 from dlmkit.models import diffusion_gemma as dg
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import CommitRules, check_int, number, option
 from dlmkit.families.options import TrainingOptions, block_size_option
 from dlmkit.families.options import option as train_option
-from dlmkit.generate.config import CommitRules, check_int, number, option
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.decoding.stream import exclude
 from dlmkit.diffusion import rng
 from dlmkit.families.dflash.pair import DFlashPair
-from dlmkit.generate.stream import exclude
 
 
 def accept(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft: torch.Tensor,

@@ -1,12 +1,12 @@
 """The hybrid sampler: block diffusion over its token-causal clean stream (BD3-LM's block
 sampler, :mod:`dlmkit.families.bd3lm.decode`), or with ``mode: ar`` autoregressive decoding
-of that clean stream (:func:`dlmkit.generate.stream.sample_ar`)."""
+of that clean stream (:func:`dlmkit.decoding.stream.sample_ar`)."""
 
 from __future__ import annotations
 
+from dlmkit.decoding.runner import Runner
+from dlmkit.decoding.stream import sample_ar
 from dlmkit.families.bd3lm.decode import sample_blocks
-from dlmkit.generate.runner import Runner
-from dlmkit.generate.stream import sample_ar
 
 from .options import HybridSampling
 

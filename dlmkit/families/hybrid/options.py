@@ -7,15 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from dlmkit.families.options import (
-    TrainingOptions,
-    block_size_option,
-    t_max_option,
-    t_min_option,
-    time_sampling_option,
-)
-from dlmkit.families.options import option as train_option
-from dlmkit.generate.config import (
+from dlmkit.decoding.options import (
     Cached,
     CommitRules,
     SamplerConfig,
@@ -24,6 +16,14 @@ from dlmkit.generate.config import (
     option,
     option_names,
 )
+from dlmkit.families.options import (
+    TrainingOptions,
+    block_size_option,
+    t_max_option,
+    t_min_option,
+    time_sampling_option,
+)
+from dlmkit.families.options import option as train_option
 
 MODES = ("diffusion", "ar")
 # What the autoregressive mode would ignore (it has its own exact causal cache).

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.decoding.primitives import gumbel, sample_tokens
+from dlmkit.decoding.stream import CausalStream, exclude, pad_chunks
 from dlmkit.diffusion import rng
 from dlmkit.diffusion.rng import Generators
-from dlmkit.generate.primitives import gumbel, sample_tokens
-from dlmkit.generate.stream import CausalStream, exclude, pad_chunks
 
 from .options import IDLMSampling
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import SamplerConfig, needs_block_size, option
 from dlmkit.families.options import TrainingOptions, block_size_option
 from dlmkit.families.options import option as train_option
-from dlmkit.generate.config import SamplerConfig, needs_block_size, option
 
 
 @dataclass(frozen=True)

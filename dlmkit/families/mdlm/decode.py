@@ -39,16 +39,16 @@ from collections.abc import Sequence
 
 import torch
 
-from dlmkit.diffusion.rng import Generators
-from dlmkit.generate.commit import (
+from dlmkit.decoding.commit import (
     commit_step,
     masked_canvas,
     own_canvases,
     shifted_rows,
     split_steps,
 )
-from dlmkit.generate.config import SamplerConfig
-from dlmkit.generate.runner import Runner, drop_cached, first_stop, left_pad, positions, rule_mask
+from dlmkit.decoding.options import SamplerConfig
+from dlmkit.decoding.runner import Runner, drop_cached, first_stop, left_pad, positions, rule_mask
+from dlmkit.diffusion.rng import Generators
 from dlmkit.masks.bidirectional import bidirectional
 
 

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import Cached, CommitRules, LogitShift, PaddedCanvas, check_int, option
 from dlmkit.families.options import (
     TrainingOptions,
     logit_shift_option,
@@ -14,7 +15,6 @@ from dlmkit.families.options import (
     t_min_option,
     time_sampling_option,
 )
-from dlmkit.generate.config import Cached, CommitRules, LogitShift, PaddedCanvas, check_int, option
 
 
 @dataclass(frozen=True)

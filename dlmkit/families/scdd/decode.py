@@ -40,13 +40,13 @@ from collections.abc import Sequence
 
 import torch
 
+from dlmkit.decoding.commit import masked_canvas, own_canvases
+from dlmkit.decoding.options import SamplerConfig
+from dlmkit.decoding.primitives import gumbel
+from dlmkit.decoding.runner import Runner, left_pad, positions
 from dlmkit.diffusion.schedules import check_scdd_params, scdd_schedule
 from dlmkit.families.mdlm.decode import infill_masked
 from dlmkit.families.mdlm.options import MDLMSampling
-from dlmkit.generate.commit import masked_canvas, own_canvases
-from dlmkit.generate.config import SamplerConfig
-from dlmkit.generate.primitives import gumbel
-from dlmkit.generate.runner import Runner, left_pad, positions
 from dlmkit.masks.bidirectional import bidirectional
 
 from .options import SCDDSampling

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dlmkit.decoding.options import LogitShift, PaddedCanvas, Steps, option
 from dlmkit.families.options import TrainingOptions, logit_shift_option, time_sampling_option
 from dlmkit.families.options import option as train_option
-from dlmkit.generate.config import LogitShift, PaddedCanvas, Steps, option
 
 # The noise schedule of training, which the reverse process must run on.
 SCHEDULE_OPTIONS = ("max_ratio", "gamma_shape", "t_peak")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from dlmkit.generate.commit import masked_canvas, own_canvases
-from dlmkit.generate.primitives import sample_tokens
-from dlmkit.generate.runner import Runner, left_pad, positions
+from dlmkit.decoding.commit import masked_canvas, own_canvases
+from dlmkit.decoding.primitives import sample_tokens
+from dlmkit.decoding.runner import Runner, left_pad, positions
 from dlmkit.masks import bidirectional
 
 from .options import MaskPredictSampling

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from dlmkit.generate.config import PaddedCanvas, Steps, option
+from dlmkit.decoding.options import PaddedCanvas, Steps, option
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from dlmkit.diffusion import rng
 from dlmkit.diffusion.rng import Generators
 
-from .config import SamplerConfig
+from .options import SamplerConfig
 from .primitives import confidence, sample_tokens, scheduled_count, select_transfers
 
 
