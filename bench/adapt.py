@@ -219,11 +219,12 @@ def check_logit_shift(families) -> None:
     from dlmkit import strategies
 
     missing = [f for f in families if f in SHIFTABLE
-               and "logit_shift" not in strategies.get(f).options]
+               and "logit_shift" not in strategies.get(f).defaults()]
     if missing:
         raise SystemExit(f"bench/adapt.py --logit-shift: this dlmkit's strategies {missing} "
                          "have no option logit_shift (their options: "
-                         + "; ".join(f"{f}: {sorted(strategies.get(f).options)}" for f in missing)
+                         + "; ".join(f"{f}: {sorted(strategies.get(f).defaults())}"
+                                     for f in missing)
                          + "). It needs the strategy.logit_shift option of issue 52 item 4.")
 
 

@@ -67,7 +67,7 @@ def print_config(config: RunConfig) -> None:
     strategy option is an error here as in training."""
     import copy
 
-    from dlmkit import strategies
+    from dlmkit import families, strategies
     from dlmkit.data import load_tokenizer
     from dlmkit.train.config import commented_yaml
 
@@ -81,11 +81,9 @@ def print_config(config: RunConfig) -> None:
     shown = copy.deepcopy(config)
     shown.strategy = {"name": cls.name, **strategy.config}
     lines = [commented_yaml(shown).rstrip("\n"), "",
-             "# Every strategy's options (strategy.<option>) and their defaults:"]
-    for name in strategies.names():
-        defaults = strategies.get(name).options
-        listed = ", ".join(f"{k}={v!r}" for k, v in defaults.items()) or "(no options)"
-        lines.append(f"#   {name}: {listed}")
+             "# Every family's options (strategy.<option>): default, what it accepts, help"]
+    for name in families.names():
+        lines += [f"#   {line}" for line in families.training_help(name).splitlines()]
     lines += ["", "# Every strategy's training defaults, from scratch (model.name a preset) and",
               "# fine-tuning (a model directory with weights): what an unset train.<key> resolves",
               "# to (dlmkit.train.regime; the run's config.yaml records the value used):"]

@@ -174,7 +174,7 @@ def _complete_strategy(config: dict, *, from_checkpoint: bool) -> dict:
     former = {k: copy.deepcopy(v) for k, v in family.former_defaults.items()
               if from_checkpoint and k not in section}
     section.update(former)
-    for key, value in family.options.items():
+    for key, value in family.defaults().items():
         section.setdefault(key, copy.deepcopy(value))
     return former
 

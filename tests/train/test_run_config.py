@@ -193,6 +193,12 @@ def test_every_field_has_help_and_print_config_shows_it(capsys):
     assert "  lr: 0.002\n" in out
     shown = load_yaml(out)
     assert shown["train"]["lr"] == 0.002 and shown["strategy"]["name"] == "bd3lm"
+    # every family's training options with their help, from the option dataclasses
+    from dlmkit import families
+
+    for name in families.names():
+        assert f"#   strategy.<option> of {name}" in out
+    assert "#     eps = 0.001  (a number in (0.0, 1.0))" in out  # block_diffusion's
 
 
 def test_the_recipe_takes_a_run_config_not_a_mapping():
