@@ -164,10 +164,11 @@ class Strategy:
     def setup(self, device: torch.device) -> None:
         """Load the frozen auxiliary models (e.g. a DFlash target) onto ``device``."""
 
-    def check_dataset(self, dataset, max_len: int | None = None) -> None:
+    def check_dataset(self, dataset, collator) -> None:
         """Reject data this family cannot train on (ValueError naming the sample), before any
-        step; called on the training and validation sets as trained (after
-        ``data.truncation``: a sample longer than ``max_len`` is cut to it)."""
+        step; called on the training and validation sets as trained: after ``data.truncation``,
+        each sample as ``collator`` lays it out (``dataset.kept_by(collator)``: what its
+        length cap keeps)."""
 
     @classmethod
     def load_model(cls, path, *, attention: str = "sdpa", device="cpu") -> torch.nn.Module:

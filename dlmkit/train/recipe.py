@@ -588,7 +588,7 @@ def build_components(config: RunConfig, world: World) -> Components:
         budget_report += (small,)
     for dataset in (train_set, val_set):  # as trained: after data.truncation
         if dataset is not None:
-            strategy.check_dataset(dataset, collator.max_seq_len)
+            strategy.check_dataset(dataset, collator)
     model = wrap_model(model, world, t.distributed, mp_policy=fsdp_policy(precision))
     # Frozen weights (LoRA's base) get no optimizer state.
     trainable = [p for p in model.parameters() if p.requires_grad]

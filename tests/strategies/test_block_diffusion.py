@@ -4,6 +4,7 @@ multi-turn), the selected-block computation against NeMo's all-blocks one, and b
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from dlmkit import strategies
 from dlmkit.data import load_tokenizer
 from dlmkit.data.seeds import sample_generators
 from dlmkit.diffusion.rng import draw_rows
+from dlmkit.families.block_diffusion.strategy import BlockDiffusionStrategy
 from dlmkit.masks import canvas_encoder
 
 S = 2
@@ -247,3 +249,32 @@ def test_the_canvas_budget_is_checked_on_the_data_as_truncated():
                  strategy="block_diffusion")
     c = build_components(cfg, cpu)
     assert c.cap_reports[0].cut > 0
+
+
+
+def test_the_canvas_budget_counts_only_the_blocks_the_collator_keeps(tmp_path):
+    """Under a cap a response keeps only its whole blocks (``Collator.keeps``): one starting 6
+    tokens before a 16-token cap keeps one block of 4, so a budget of one block is met as
+    trained, although the first 16 tokens hold 6 of it (two blocks' worth)."""
+    from dlmkit.data import Collator, SFTDataset, load_tokenizer
+
+    tok = load_tokenizer("byte")
+    head = {n: len(tok.apply_chat_template([{"role": "user", "content": "x" * n}],
+                                           add_generation_prompt=True).input_ids)
+            for n in range(1, 12)}
+    n = next(n for n, length in head.items() if length == 10)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "x" * n, "response": "abcdefghij"}) + "\n")
+    dataset = SFTDataset.from_files(data, tok)
+    strategy = BlockDiffusionStrategy({"block_size": 4, "max_blocks": 1},
+                                      mask_token_id=tok.mask_token_id, vocab_size=tok.vocab_size)
+
+    def collator(cap):
+        return Collator(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                        block_size=4, max_seq_len=cap, fill_from_response=True)
+
+    assert int(dataset[0]["loss_mask"][:16].sum()) == 6  # what the first 16 tokens hold
+    strategy.check_dataset(dataset, collator(16))  # the collator keeps one block: fits
+    with pytest.raises(ValueError, match=r"needs 2 canvas blocks of 4, more than the canvas "
+                                         r"budget strategy.max_blocks=1"):
+        strategy.check_dataset(dataset, collator(20))  # it keeps two

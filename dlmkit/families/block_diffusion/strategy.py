@@ -94,18 +94,15 @@ class BlockDiffusionStrategy(Strategy):
     def load_model(cls, path, *, attention="sdpa", device="cpu"):
         return dg.load(path, attention=attention, device=device)
 
-    def check_dataset(self, dataset, max_len: int | None = None) -> None:
+    def check_dataset(self, dataset, collator) -> None:
         """Every assistant turn must fit the canvas budget (``max_blocks`` blocks) and every
-        sample, block-filled, the model's positions (a sample as trained: cut to
-        ``max_len``)."""
+        sample, block-filled, the model's positions: each sample as the collator lays it out
+        (:meth:`~dlmkit.data.Collator.keeps`: under the length cap a response keeps its whole
+        blocks only)."""
         S, budget = self.config["block_size"], self.config["max_blocks"]
+        kept, aligned, _ = dataset.kept_by(collator)
         for i in range(len(dataset)):
-            item = dataset[i]
-            runs = supervised_runs(item["loss_mask"][:max_len])
-            end = item["input_ids"][:max_len].numel()
-            if runs:
-                a = runs[-1][0]
-                end = a + -(-(end - a) // S) * S
+            runs = supervised_runs(dataset[i]["loss_mask"][:int(kept[i])])
             for a, e in runs:
                 blocks = -(-(e - a) // S)
                 if budget is not None and blocks > budget:
@@ -113,6 +110,7 @@ class BlockDiffusionStrategy(Strategy):
                         f"{dataset.sources[i]}: a response of {e - a} tokens needs {blocks} "
                         f"canvas blocks of {S}, more than the canvas budget "
                         f"strategy.max_blocks={budget} ({budget * S} tokens)")
+            end = int(aligned[i])
             if self.max_positions is not None and end > self.max_positions:
                 raise ValueError(
                     f"{dataset.sources[i]}: {end} tokens (block-filled) exceed the model's "
