@@ -4,18 +4,28 @@
         --output docs/results/serve.jsonl --markdown
 
 For each family (``--family``: a tiny random-weight export of that family is made, or
-``--model FAMILY=RUN/final`` for a trained one) a server runs in a subprocess; for each client
+``--model LABEL=RUN/final`` for a trained one) a server runs in a subprocess; for each client
 count ``C``, ``C`` threads send the same fixed set of ``--requests`` completion requests
-(greedy, ``max_tokens`` each, prompt ``i`` with seed ``i``) and wait for each answer before the
-next. Per (family, clients): generated tokens per second of wall time, p50/p99 request latency,
-failed requests (any non-200 answer or connection error), and the ratio to **serial decoding**
-of the same requests (``generate`` on one prompt at a time in this process, the same threads),
-measured in the same run. The load average of the machine before and after each family is
-recorded: this machine is shared, and figures only compare within one run.
+(greedy, ``max_tokens`` each, request ``i`` with seed ``i``) and wait for each answer before the
+next. Per (family, clients): generated tokens per second of wall time (a stop token ends an
+answer, so only real tokens count), p50/p99 request latency, failed requests (any non-200
+answer or connection error), and the ratio to **serial decoding** of the same requests
+(``generate`` on one prompt at a time in this process, the same threads), measured in the same
+run. The load average of the machine before and after each family is recorded: this machine is
+shared, and figures only compare within one run.
 
-Random weights decode as fast as trained ones (the same forwards), so tokens/s compares the
-families' decoding cost; they say nothing about exact match (train real models and pass
-``--model`` for that).
+``--task NAME``: the requests are the first ``--requests`` problems of the bundled task's
+*test* split, and each row also reports the **exact match** of the served answers against the
+task's references (``exact_match``), the serial decode's (``serial_exact_match``) and the
+fraction of requests whose served tokens equal the serial decode's (``agree_serial``: batching
+must not change a request's tokens). Without ``--task`` the prompts are a fixed mix of task
+prompts and nothing is scored (random weights: tokens/s compares decoding cost only).
+
+``--option LABEL:KEY=VALUE`` sets a sampler option (``threshold``, ``cache``, ``steps``...) for
+one served model: it travels in each request's ``dlmkit`` extension field and configures the
+serial decode the same way. A ``LABEL`` is a family name, or ``FAMILY/TAG`` to serve the same
+family twice with different options (``--model bd3lm/fast=runs/bd3lm/final --option
+bd3lm/fast:threshold=0.9 --option bd3lm/fast:cache=prefix``).
 """
 
 from __future__ import annotations
@@ -57,9 +67,40 @@ def tiny_export(family: str, root: Path) -> Path:
     return path
 
 
-def requests(count: int, max_tokens: int) -> list[dict]:
-    return [{"model": "bench", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens,
-             "seed": i, "temperature": 0} for i in range(count)]
+def requests(count: int, max_tokens: int, task: str | None = None,
+             options: dict | None = None) -> tuple[list[dict], list[str] | None]:
+    """The request bodies, and with ``task`` the reference answer of each."""
+    references = None
+    if task is None:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(count)]
+    else:
+        from dlmkit.data.tasks import get_task
+
+        records = get_task(task).records("test", n=count)
+        prompts = [r["prompt"] for r in records]
+        references = [r["response"] for r in records]
+    bodies = []
+    for i, prompt in enumerate(prompts):
+        body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "seed": i,
+                "temperature": 0}
+        if options:
+            body["dlmkit"] = dict(options)
+        bodies.append(body)
+    return bodies, references
+
+
+def option_value(text: str):
+    """A sampler option's value from the command line: a number when it reads as one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "null": None}.get(text, text)
+
+
+def family_of(label: str) -> str:
+    return label.partition("/")[0]
 
 
 def post(port: int, body: dict) -> tuple[int, dict]:
@@ -73,19 +114,25 @@ def post(port: int, body: dict) -> tuple[int, dict]:
         connection.close()
 
 
-def serial(path: Path, bodies: list[dict]) -> float:
-    """Tokens/s of decoding the requests one at a time in this process (no server)."""
+def serial(path: Path, bodies: list[dict]) -> tuple[float, list[list[int]], list[str]]:
+    """Tokens/s of decoding the requests one at a time in this process (no server), with
+    each request's tokens and text."""
     from dlmkit.generate import generate, load
 
     loaded = load(path)
-    config = loaded.config(None, max_new_tokens=bodies[0]["max_tokens"])
+    config = loaded.config(None, max_new_tokens=bodies[0]["max_tokens"],
+                           **bodies[0].get("dlmkit", {}))
     generate(loaded.model, loaded.tokenizer, [bodies[0]["prompt"]], config)  # warm-up
-    tokens, start = 0, time.perf_counter()
+    tokens, ids, texts = 0, [], []
+    start = time.perf_counter()
     for body in bodies:
+        # the server seeds request i's choice 0 with (seed, 0): the same generator here
         result = generate(loaded.model, loaded.tokenizer, [body["prompt"]], config,
-                          first_index=body["seed"])
+                          prompt_seeds=[(body["seed"], 0)])
         tokens += result.generated
-    return tokens / (time.perf_counter() - start)
+        ids.append(result.tokens[0])
+        texts.append(result.texts[0])
+    return tokens / (time.perf_counter() - start), ids, texts
 
 
 def start_server(path: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen:
@@ -110,9 +157,13 @@ def start_server(path: Path, port: int, threads: int, max_batch: int) -> subproc
     raise SystemExit(f"error: the server for {path} did not start in 300 s")
 
 
-def run_clients(port: int, bodies: list[dict], clients: int) -> dict:
+def run_clients(port: int, bodies: list[dict], clients: int,
+                references: list[str] | None = None,
+                serial_tokens: list[list[int]] | None = None) -> dict:
+    from dlmkit.generate.evaluation import exact_match
+
     latencies: list[float] = []
-    failed, tokens = 0, 0
+    failed, tokens, correct, agree = 0, 0, 0, 0
 
     def one(body):
         start = time.perf_counter()
@@ -124,20 +175,28 @@ def run_clients(port: int, bodies: list[dict], clients: int) -> dict:
 
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        for answer, seconds in pool.map(one, bodies):
+        for i, (answer, seconds) in enumerate(pool.map(one, bodies)):
             latencies.append(seconds)
             if answer is None:
                 failed += 1
-            else:
-                tokens += answer["usage"]["completion_tokens"]
+                continue
+            tokens += answer["usage"]["completion_tokens"]
+            if references is not None:
+                correct += exact_match(answer["choices"][0]["text"], references[i])
+            if serial_tokens is not None:
+                agree += answer["dlmkit"]["tokens"][0] == serial_tokens[i]
     wall = time.perf_counter() - start
     latencies.sort()
-    return {"tokens": tokens, "seconds": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 1),
-            "p50_s": round(statistics.median(latencies), 4),
-            "p99_s": round(latencies[min(len(latencies) - 1,
-                                         int(0.99 * len(latencies)))], 4),
-            "failed": failed}
+    row = {"tokens": tokens, "seconds": round(wall, 3),
+           "tokens_per_s": round(tokens / wall, 1),
+           "p50_s": round(statistics.median(latencies), 4),
+           "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 4),
+           "failed": failed}
+    if references is not None:
+        row["exact_match"] = round(correct / len(bodies), 4)
+    if serial_tokens is not None:
+        row["agree_serial"] = round(agree / len(bodies), 4)
+    return row
 
 
 def free_port() -> int:
@@ -147,21 +206,44 @@ def free_port() -> int:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| family | clients | tokens/s | × serial | p50 s | p99 s | failed | load |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    scored = any("exact_match" in r for r in rows)
+    head = ["family", "options", "clients", "tokens/s", "× serial", "p50 s", "p99 s", "failed"]
+    if scored:
+        head += ["exact match", "= serial tokens"]
+    head.append("load")
+    lines = ["| " + " | ".join(head) + " |",
+             "|---|---|" + "---:|" * (len(head) - 3) + "---|"]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['clients']} | {r['tokens_per_s']} | "
-                     f"{r['vs_serial']:.2f} | {r['p50_s']} | {r['p99_s']} | {r['failed']} | "
-                     f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
+        options = ", ".join(f"{k}={v}" for k, v in r.get("options", {}).items()) or "defaults"
+        cells = [r["family"], options, r["clients"], r["tokens_per_s"], f"{r['vs_serial']:.2f}",
+                 r["p50_s"], r["p99_s"], r["failed"]]
+        if scored:
+            cells += [f"{100 * r['exact_match']:.1f}%" if "exact_match" in r else "-",
+                      f"{100 * r['agree_serial']:.0f}%" if "agree_serial" in r else "-"]
+        cells.append(f"{r['load_before']:.1f} → {r['load_after']:.1f}")
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", nargs="+", default=["bd3lm", "mdlm", "idlm", "ar"],
-                        choices=sorted(BLOCKS), help="families to serve (tiny random exports)")
-    parser.add_argument("--model", action="append", default=[], metavar="FAMILY=PATH",
-                        help="serve this export for FAMILY instead of a tiny random one")
+    parser.add_argument("--family", nargs="*", default=None, choices=sorted(BLOCKS),
+                        help="families to serve as tiny random exports (default: bd3lm mdlm "
+                             "idlm ar when no --model is given, else none)")
+    parser.add_argument("--model", action="append", default=[], metavar="LABEL=PATH",
+                        help="serve this export; LABEL is a family or FAMILY/TAG")
+    parser.add_argument("--option", action="append", default=[], metavar="LABEL:KEY=VALUE",
+                        help="a sampler option for LABEL's requests and its serial decode")
+    parser.add_argument("--task", help="requests from this bundled task's test split, scored "
+                                       "by exact match")
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--requests", type=int, default=64, help="requests per client count")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -176,37 +258,69 @@ def main(argv=None) -> int:
                              f"{getattr(args, name)}")
     if any(c < 1 for c in args.clients):
         raise SystemExit(f"error: --clients must all be >= 1, got {args.clients}")
+    if args.task is not None:
+        from dlmkit.data.tasks import task_names
+
+        if args.task not in task_names():
+            raise SystemExit(f"error: --task must be one of {task_names()}, got {args.task!r}")
     given = {}
     for spec in args.model:
-        family, sep, path = spec.partition("=")
-        if not sep or family not in BLOCKS:
-            raise SystemExit(f"error: --model takes FAMILY=PATH with FAMILY one of "
-                             f"{sorted(BLOCKS)}, got {spec!r}")
-        given[family] = Path(path)
+        label, sep, path = spec.partition("=")
+        if not sep or family_of(label) not in BLOCKS:
+            raise SystemExit(f"error: --model takes LABEL=PATH with LABEL a family of "
+                             f"{sorted(BLOCKS)} or FAMILY/TAG, got {spec!r}")
+        given[label] = Path(path)
+    families = args.family if args.family is not None else (
+        [] if given else ["bd3lm", "mdlm", "idlm", "ar"])
+    labels = list(dict.fromkeys([*families, *given]))
+    options: dict[str, dict] = {label: {} for label in labels}
+    for spec in args.option:
+        label, sep, setting = spec.partition(":")
+        key, eq, value = setting.partition("=")
+        if not sep or not eq or not key:
+            raise SystemExit(f"error: --option takes LABEL:KEY=VALUE, got {spec!r}")
+        if label not in options:
+            raise SystemExit(f"error: --option {spec!r}: no served model is labelled "
+                             f"{label!r}; the labels are {labels}")
+        options[label][key] = option_value(value)
     import torch
 
     torch.set_num_threads(args.threads)
-    bodies = requests(args.requests, args.max_tokens)
+    run = time.strftime("%Y-%m-%d %H:%M:%S")
     rows = []
     with tempfile.TemporaryDirectory() as root:
-        for family in dict.fromkeys([*args.family, *given]):
-            path = given.get(family) or tiny_export(family, Path(root))
+        for label in labels:
+            family = family_of(label)
+            path = given.get(label) or tiny_export(family, Path(root) / label.replace("/", "-"))
+            bodies, references = requests(args.requests, args.max_tokens, args.task,
+                                          options[label])
             load_before = os.getloadavg()[0]
-            serial_tps = serial(path, bodies)
+            serial_tps, serial_tokens, serial_texts = serial(path, bodies)
+            serial_exact = None
+            if references is not None:
+                from dlmkit.generate.evaluation import exact_match
+
+                serial_exact = round(sum(map(exact_match, serial_texts, references))
+                                     / len(bodies), 4)
             port = free_port()
             server = start_server(path, port, args.threads, args.max_batch)
             try:
                 post(port, bodies[0])  # warm-up
                 for clients in args.clients:
-                    row = {"bench": "serve", "family": family, "model": str(given.get(
-                        family, "tiny-llama random weights")), "clients": clients,
-                        "requests": args.requests, "max_tokens": args.max_tokens,
-                        **run_clients(port, bodies, clients),
-                        "serial_tokens_per_s": round(serial_tps, 1)}
+                    row = {"bench": "serve", "run": run, "family": family, "label": label,
+                           "model": str(given.get(label, "tiny-llama random weights")),
+                           "options": options[label], "task": args.task, "clients": clients,
+                           "requests": args.requests, "max_tokens": args.max_tokens,
+                           **run_clients(port, bodies, clients, references, serial_tokens),
+                           "serial_tokens_per_s": round(serial_tps, 1)}
+                    if serial_exact is not None:
+                        row["serial_exact_match"] = serial_exact
                     row["vs_serial"] = round(row["tokens_per_s"] / serial_tps, 2)
                     row.update(load_before=load_before, load_after=os.getloadavg()[0],
                                cpus=os.cpu_count(), threads=args.threads,
-                               torch=torch.__version__,
+                               torch=torch.__version__, commit=git_commit(),
+                               command="python bench/serve.py " + " ".join(
+                                   sys.argv[1:] if argv is None else argv),
                                date=time.strftime("%Y-%m-%d %H:%M:%S"))
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -336,18 +336,30 @@ def sampling_copy_summary(results: Path) -> str:
 # -- serving (docs/results/serve.jsonl; `python bench/serve.py`) --------------------------------
 @table("serve")
 def serve(results: Path) -> str:
-    """Every row of the results file, in bench/serve.py's own table format."""
-    return _bench_module("serve").markdown(load("serve.jsonl", results))
+    """The newest run's rows of the results file (rows carry the run's start time; the oldest
+    rows, from before runs were tagged, count as one run), in bench/serve.py's table format."""
+    return _bench_module("serve").markdown(_newest_serve_run(results))
 
 
 @table("serve-serial")
 def serve_serial(results: Path) -> str:
-    """Each family's serial tokens/s (the same requests one at a time, in process)."""
-    serial: dict[str, float] = {}
-    for r in load("serve.jsonl", results):
-        serial.setdefault(r["family"], r["serial_tokens_per_s"])
-    return markdown(["family", *serial], [["serial tokens/s", *(f"{v:g}" for v in
-                                                                  serial.values())]])
+    """The newest run's serial tokens/s per served model (the same requests one at a time, in
+    process), with their exact match when the run was scored."""
+    serial: dict[str, dict] = {}
+    for r in _newest_serve_run(results):
+        serial.setdefault(r.get("label", r["family"]), r)
+    rows = [["serial tokens/s", *(f"{r['serial_tokens_per_s']:g}" for r in serial.values())]]
+    if any("serial_exact_match" in r for r in serial.values()):
+        rows.append(["serial exact match", *(
+            f"{100 * r['serial_exact_match']:.1f}%" if "serial_exact_match" in r else "-"
+            for r in serial.values())])
+    return markdown(["served model", *serial], rows)
+
+
+def _newest_serve_run(results: Path) -> list[dict]:
+    rows = load("serve.jsonl", results)
+    newest = max(r.get("run", "") for r in rows)
+    return [r for r in rows if r.get("run", "") == newest]
 
 
 # -- precision (docs/results/precision.jsonl; `python bench/precision.py`) ----------------------
