@@ -140,9 +140,10 @@ def test_print_config_lists_every_strategy_and_checks_options(capsys):
     out = capsys.readouterr().out
     config = yaml.safe_load(out)
     assert config["strategy"] == {"name": "bd3lm", **strategies.get("bd3lm").options}
-    for name in strategies.names():
-        assert f"#   {name}: " in out
-    assert "#   scdd: num_timesteps=1000" in out
+    for name in strategies.names():  # each family's options, default, allowed values, help
+        assert f"#   strategy.<option> of {name}:" in out
+    scdd = out.split("#   strategy.<option> of scdd:", 1)[1]
+    assert scdd.startswith("\n#     num_timesteps = 1000  (an int >= 2)\n#         the time grid")
     # the training defaults an unset train.lr / steps / warmup_steps / ema_decay resolve to
     defaults = out.split("# Every strategy's training defaults", 1)[1]
     for name in strategies.names():
