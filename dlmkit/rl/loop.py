@@ -143,6 +143,8 @@ def build_policy(config: dict, world: World) -> Policy:
                           compute=torch.bfloat16 if mode == "bf16" else None)
     return Policy(model=model, tokenizer=loaded.tokenizer, meta=loaded.meta, family=family,
                   fixed_length=bool(strategy_cls.fixed_length), estimator=estimator,
+                  # the block family's rows end in whole blocks (the collator's EOS fill)
+                  block_fill=estimator.block_size if estimator.layout == "block" else None,
                   sampler_cfg=sampler_cfg, reward=reward, records=records, sampler=sampler,
                   reference=reference, optimizer=optimizer, scheduler=scheduler,
                   precision=precision)
@@ -160,7 +162,8 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
     indices = p.sampler.local_batch(step)
     completions = rollout(inner, p.tokenizer, [(i, p.records[i]["prompt"]) for i in indices],
                           G, p.sampler_cfg, seed=config["seed"], step=step,
-                          batch_size=ro["batch_size"], fixed_length=p.fixed_length)
+                          batch_size=ro["batch_size"], fixed_length=p.fixed_length,
+                          block_fill=p.block_fill)
     rewards = torch.tensor([
         score(p.reward, p.records[c.prompt_index]["text"], c.text, p.records[c.prompt_index],
               where=f"prompt {c.prompt_index} ({p.records[c.prompt_index]['source']}: "

@@ -10,7 +10,11 @@ What a completion *is* for the estimators (``ids``): the decoded tokens up to an
 first stop token. The samplers keep decoding a finished row while others in its batch run (its
 tail would depend on them), so everything after the stop is dropped; the fixed-length families
 (mdlm, scdd), trained on rows filled with EOS to one length, get that fill back up to the
-row's canvas width, as trained.
+row's canvas width, as trained. The block family (bd3lm) was trained on rows whose last block
+the collator completes with EOS (``data.block_align``): a completion gets that fill back to the
+end of its last block (blocks counted from the prompt's first token), so the estimators score
+whole blocks, as trained and as the sampler decodes them, never a cut-off block the model has
+not seen.
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ class Completion:
 
 def rollout(model, tokenizer, prompts: list[tuple[int, object]], group_size: int, cfg,
             *, seed: int, step: int, batch_size: int | None = None,
-            fixed_length: bool = False) -> list[Completion]:
+            fixed_length: bool = False, block_fill: int | None = None) -> list[Completion]:
     """``group_size`` completions of each ``(global prompt index, prompt)``, in prompt-major
     order; ``cfg`` a :class:`~dlmkit.decoding.options.SamplerConfig` (its own seed unused),
     ``batch_size`` rows per sampler call (None: all). ``fixed_length``: fill each completion
-    after its stop token with EOS to its canvas width (see the module docstring)."""
+    after its stop token with EOS to its canvas width; ``block_fill``: the trained block size,
+    fill each completion with EOS to the end of its last block (see the module docstring)."""
     from dlmkit import families
     from dlmkit.decoding.runner import Runner
     from dlmkit.generate.api import check_prompt_lengths, encode_prompt
@@ -89,6 +94,9 @@ def rollout(model, tokenizer, prompts: list[tuple[int, object]], group_size: int
                 response, ids = _cut(list(row)[:width], stop_ids)
                 if fixed_length and len(ids) < width:
                     ids = ids + [tokenizer.eos_token_id] * (width - len(ids))
+                elif block_fill:
+                    ids = ids + [tokenizer.eos_token_id] * (-(len(prompt_ids) + len(ids))
+                                                            % block_fill)
                 if tokenizer.mask_token_id in ids:
                     raise RuntimeError(f"internal error: a MASK token survived decoding of "
                                        f"prompt {index}, completion {c}")

@@ -41,6 +41,38 @@ def test_rollouts_do_not_depend_on_the_batch_split(policy, strategy, block):
     assert [c.ids for c in other_step] != [c.ids for c in alone]
 
 
+def test_block_family_completions_end_in_whole_blocks(policy):
+    """bd3lm trains on rows whose last block the collator fills with EOS: a completion cut at
+    its stop token gets that fill back, so the estimators never score a cut-off block."""
+    loaded = api.load(policy("bd3lm", 4))
+    tok, cfg = loaded.tokenizer, loaded.config(temperature=1.0)
+    prompts = [(0, "12+7="), (1, "3+40="), (2, "8+8=")]
+    plain = rollout(loaded.model, tok, prompts, 4, cfg, seed=1, step=0)
+    filled = rollout(loaded.model, tok, prompts, 4, cfg, seed=1, step=0, block_fill=4)
+    assert any((len(c.prompt_ids) + len(c.ids)) % 4 for c in plain)  # cut: part-blocks
+    for a, b in zip(plain, filled):
+        assert (len(b.prompt_ids) + len(b.ids)) % 4 == 0
+        assert b.ids[:len(a.ids)] == a.ids and set(b.ids[len(a.ids):]) <= {tok.eos_token_id}
+        assert b.text == a.text
+
+
+def test_the_loop_fills_block_family_completions(policy, tmp_path, monkeypatch):
+    import dlmkit.rl.loop as loop
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        out = rollout(*args, **kwargs)
+        seen.append((kwargs["block_fill"], [len(c.prompt_ids) + len(c.ids) for c in out]))
+        return out
+
+    monkeypatch.setattr(loop, "rollout", spy)
+    run(config_for(policy("bd3lm", 4), tmp_path / "b", "train.steps=1"))
+    run(config_for(policy("mdlm"), tmp_path / "m", "train.steps=1"))
+    (fill, lengths), (mdlm_fill, _) = seen
+    assert fill == 4 and all(n % 4 == 0 for n in lengths) and mdlm_fill is None
+
+
 def weights(run_dir):
     from safetensors.torch import load_file
 
