@@ -468,7 +468,7 @@ def run_benchmark(args) -> list[dict]:
             "model_config": size.model_config, "threads": args.threads,
             "entries": {k: len(v) for k, v in splits.items()},
             "held_out_scored": len(held_out), "probe_scored": len(probe),
-            "mc_samples": size.mc_samples, "budget": size.pretrain_steps}
+            "mc_samples": size.mc_samples, "budget": args.budget or size.pretrain_steps}
     lines = []
 
     def record(kind: str, family: str, run_dir: Path, wall: float, ar_bpb: float | None,
@@ -541,21 +541,25 @@ def run_benchmark(args) -> list[dict]:
         emit(pre)
     ar_bpb, ar_recalled = pre["bpb"], set(pre["_recalled_set"])
     checkpoint = str(pre_dir / "final")
+    # The adapted and from-scratch runs' budget; their checkpoints stay where phase 1's were.
+    budget = {"train.steps": args.budget} if args.budget else {}
+    steps_tag = f"-{args.budget}steps" if args.budget else ""
     for family in families:
         for shift in ([] if args.no_adapt else shifts_of(family, args.logit_shift)):
             tag, extra = adapted_run(family, shift, args.adapt_set)
+            tag += steps_tag
             run_dir = work / tag
-            wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
+            wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"), **budget,
                                    "strategy.name": family, "model.name": checkpoint, **extra},
                          args.threads, work / f"{tag}.log", keep=args.keep_trained)
             emit({**record("adapted", family, run_dir, wall, ar_bpb, ar_recalled),
                   "overrides": args.adapt_set})
         if args.no_scratch:
             continue
-        run_dir = work / f"scratch-{family}"
-        wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"),
+        run_dir = work / f"scratch-{family}{steps_tag}"
+        wall = train(run_dir, {**common_overrides(size, data_dir, "adapt.jsonl"), **budget,
                                "strategy.name": family, "model.name": size.model, **model_set},
-                     args.threads, work / f"scratch-{family}.log", keep=args.keep_trained)
+                     args.threads, work / f"{run_dir.name}.log", keep=args.keep_trained)
         emit(record("scratch", family, run_dir, wall, ar_bpb, None))
     return lines
 
@@ -706,6 +710,9 @@ def parse_args(argv=None):
                         "without the flag they get the fine-tuning default (on for a causal "
                         "checkpoint)")
     p.add_argument("--no-scratch", action="store_true", help="skip the from-scratch runs")
+    p.add_argument("--budget", type=int, default=None, metavar="STEPS",
+                   help="steps of each adapted and from-scratch run (default: the size's "
+                        "phase-1 pretraining budget); recorded as each line's budget")
     p.add_argument("--no-adapt", action="store_true",
                    help="skip the adapted runs (only the from-scratch ones)")
     p.add_argument("--keep-trained", action="store_true",
@@ -737,6 +744,8 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"--families: unknown {unknown}; valid: {', '.join(FAMILIES)} (block_diffusion "
                 "and dflash are not adapted here: see docs/adapt.md)")
+    if args.budget is not None and args.budget < 1:
+        p.error(f"--budget must be >= 1 step, got {args.budget}")
     if args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
     settings = {}

@@ -117,6 +117,7 @@ def test_arguments_that_contradict_are_refused(capsys):
         (["--no-adapt", "--no-scratch"], "--no-adapt and --no-scratch together leave nothing"),
         (["--reuse-base", "--reuse-pretrain"], "--reuse-base pretrains again"),
         (["--logit-shift", "sometimes"], "argument --logit-shift: invalid choice: 'sometimes'"),
+        (["--budget", "0"], "--budget must be >= 1 step, got 0"),
     ]:
         with pytest.raises(SystemExit):
             adapt.parse_args(argv)
@@ -246,10 +247,12 @@ def test_smoke_size_end_to_end(tmp_path):
     assert 0 <= adapted["retained"] <= adapted["ar_recalled"]
     assert "dict-devil" in pre["corpus"]
 
-    # A second invocation adds a family to the same batch, against the same AR reference.
-    *_, more = bench("--families", "idlm", "--no-scratch", "--reuse-pretrain")
+    # A second invocation adds a family to the same batch, against the same AR reference, at
+    # a shorter budget.
+    *_, more = bench("--families", "idlm", "--no-scratch", "--reuse-pretrain", "--budget", "4")
     assert (more["run"], more["family"], more["batch_id"]) == ("adapted", "idlm",
                                                                pre["batch_id"])
+    assert (more["steps"], more["budget"], more["run_dir"]) == (4, 4, "adapt-idlm-4steps")
     assert more["ar_bpb"] == pre["bpb"] and more["ar_recalled"] == pre["recalled"]
 
     # --keep-trained scores the run already trained with these settings, without training.
