@@ -29,6 +29,7 @@ from .schemas import ChatRequest, CompletionRequest
 
 # Sampler options that have an OpenAI field: set them there, not in the ``dlmkit`` object.
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "seed": "seed"}
+CONFIG_CACHE = 256  # distinct option sets whose checked config the server keeps
 
 
 class APIError(Exception):
@@ -105,6 +106,10 @@ class Service:
         # the server's own config, checked now: a bad --threshold fails at start, not per request
         self.base = loaded.config(sampler, **self.options)
         self.stop_ids = tuple(loaded.tokenizer.stop_token_ids)
+        # Checked configs by the options that made them: clients send the same few option
+        # sets again and again, and building and checking a config costs more than the rest
+        # of a request's handling (bench/serve.py's profile, docs/serving.md).
+        self._configs: dict = {}
 
     def start(self) -> None:
         self.batcher = Batcher(self.loaded, **self.batching)
@@ -155,6 +160,27 @@ class Service:
         if request.temperature is not None:
             options["temperature"] = request.temperature
         try:
+            # the key keeps each value's type: 1 and 1.0 and True are different options
+            key = tuple(sorted((k, type(v), v) for k, v in options.items()))
+            hash(key)
+        except TypeError:  # an unhashable value (a list...): checked below, never cached
+            key = None
+        config = self._configs.get(key) if key is not None else None
+        if config is None:
+            config = self._checked_config(options, extension)
+            if key is not None:
+                if len(self._configs) >= CONFIG_CACHE:
+                    self._configs.pop(next(iter(self._configs)))
+                self._configs[key] = config
+        width = config.canvas_widths([len(ids)])[0]
+        try:
+            check_prompt_lengths(self.loaded.model, [len(ids)], [width], ["the prompt"])
+        except ValueError as err:
+            raise APIError(400, str(err), param="max_tokens") from None
+        return config, width
+
+    def _checked_config(self, options: dict, extension: dict):
+        try:
             config = self.loaded.config(self.sampler, **options)
         except (ValueError, TypeError) as err:
             raise APIError(400, f"dlmkit: {err}", param="dlmkit") from None
@@ -163,12 +189,7 @@ class Service:
                                          what="dlmkit.block_size", mode="dlmkit.mode 'ar'")
         except ValueError as err:
             raise APIError(400, str(err), param="dlmkit.block_size") from None
-        width = config.canvas_widths([len(ids)])[0]
-        try:
-            check_prompt_lengths(self.loaded.model, [len(ids)], [width], ["the prompt"])
-        except ValueError as err:
-            raise APIError(400, str(err), param="max_tokens") from None
-        return config, width
+        return config
 
     def job(self, request, ids: list[int], on_tokens=None) -> Job:
         config, width = self.configure(request, ids)
@@ -213,6 +234,32 @@ class Service:
         return text[:-1] if text.endswith("\ufffd") else text
 
 
+class KeyCheck:
+    """ASGI middleware: ``/v1/`` requests must send ``Authorization: Bearer KEY`` (else 401).
+
+    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's
+    ``BaseHTTPMiddleware`` wraps every request in task groups and memory streams, a cost each
+    request paid in the serving profile even with no key set.
+    """
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.key = key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") \
+                else ""
+            if not hmac.compare_digest(given.encode(), self.key):
+                error = APIError(401, "missing or wrong API key: send the key given to "
+                                      "`dlmkit serve --api-key` as 'Authorization: Bearer KEY'",
+                                 code="invalid_api_key")
+                await JSONResponse(error.body(), status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(service: Service) -> FastAPI:
     """The ASGI app over ``service`` (its batcher runs while the app's lifespan does)."""
 
@@ -245,18 +292,8 @@ def create_app(service: Service) -> FastAPI:
                          kind="server_error")
         return JSONResponse(error.body(), status_code=500)
 
-    @app.middleware("http")
-    async def authorize(request: Request, call_next):
-        if service.api_key is not None and request.url.path.startswith("/v1/"):
-            header = request.headers.get("authorization", "")
-            given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") \
-                else ""
-            if not hmac.compare_digest(given.encode(), service.api_key.encode()):
-                error = APIError(401, "missing or wrong API key: send the key given to "
-                                      "`dlmkit serve --api-key` as 'Authorization: Bearer KEY'",
-                                 code="invalid_api_key")
-                return JSONResponse(error.body(), status_code=401)
-        return await call_next(request)
+    if service.api_key is not None:
+        app.add_middleware(KeyCheck, key=service.api_key)
 
     @app.get("/health")
     async def health():
@@ -320,10 +357,13 @@ async def _answer(service: Service, body, ids: list[int], *, chat: bool):
         else:
             choice.update(text=text, logprobs=None)
         choices.append(choice)
-    return {**_envelope(service, chat, False), "choices": choices,
-            "usage": service.usage(ids, decoded),
-            "dlmkit": {"sampler": job.config.sampler, "batch_rows": decoded.batch_rows,
-                       "tokens": decoded.tokens}}
+    # a JSONResponse of plain JSON types: FastAPI would otherwise walk a returned dict
+    # through its encoder first
+    return JSONResponse({**_envelope(service, chat, False), "choices": choices,
+                         "usage": service.usage(ids, decoded),
+                         "dlmkit": {"sampler": job.config.sampler,
+                                    "batch_rows": decoded.batch_rows,
+                                    "tokens": decoded.tokens}})
 
 
 def _stream(service: Service, body, ids: list[int], stops: list[str], *, chat: bool):
