@@ -7,7 +7,8 @@ For each family (``--family``: a tiny random-weight export of that family is mad
 ``--model LABEL=RUN/final`` for a trained one) a server runs in a subprocess; for each client
 count ``C``, ``C`` threads send the same fixed set of ``--requests`` completion requests
 (greedy, ``max_tokens`` each, request ``i`` with seed ``i``) and wait for each answer before the
-next. Per (family, clients): generated tokens per second of wall time (a stop token ends an
+next, each client on a keep-alive connection (as the ``openai`` client's pool keeps one).
+Per (family, clients): generated tokens per second of wall time (a stop token ends an
 answer, so only real tokens count), p50/p99 request latency, failed requests (any non-200
 answer or connection error), and the ratio to **serial decoding** of the same requests
 (``generate`` on one prompt at a time in this process, the same threads), measured in the same
@@ -41,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,15 +105,24 @@ def family_of(label: str) -> str:
     return label.partition("/")[0]
 
 
-def post(port: int, body: dict) -> tuple[int, dict]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+def post(port: int, body: dict, connection: http.client.HTTPConnection | None = None
+         ) -> tuple[int, dict]:
+    """One completion request; on ``connection`` (kept open for the next, as the openai
+    client's connection pool does) or on a connection of its own."""
+    own = connection is None
+    if own:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
         connection.request("POST", "/v1/completions", body=json.dumps(body),
                            headers={"Content-Type": "application/json"})
         response = connection.getresponse()
         return response.status, json.loads(response.read())
+    except OSError:
+        connection.close()  # the next request opens a fresh connection
+        raise
     finally:
-        connection.close()
+        if own:
+            connection.close()
 
 
 def serial(path: Path, bodies: list[dict]) -> tuple[float, list[list[int]], list[str]]:
@@ -135,17 +146,21 @@ def serial(path: Path, bodies: list[dict]) -> tuple[float, list[list[int]], list
     return tokens / (time.perf_counter() - start), ids, texts
 
 
-def start_server(path: Path, port: int, threads: int, max_batch: int) -> subprocess.Popen:
+def start_server(path: Path, port: int, threads: int, max_batch: int,
+                 log: Path) -> subprocess.Popen:
+    """The server, its output (an access line per request) into ``log``: a pipe nobody
+    reads would fill and stall it."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dlmkit.cli", "serve", "--model", str(path), "--port",
-         str(port), "--threads", str(threads), "--device", "cpu", "--model-name", "bench",
-         "--batch-size", str(max_batch), "--max-queue", "1024"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dlmkit.cli", "serve", "--model", str(path), "--port",
+             str(port), "--threads", str(threads), "--device", "cpu", "--model-name", "bench",
+             "--batch-size", str(max_batch), "--max-queue", "1024"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"error: the server for {path} exited: {process.stderr.read()}")
+            raise SystemExit(f"error: the server for {path} exited: {log.read_text()}")
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             connection.request("GET", "/health")
@@ -164,12 +179,16 @@ def run_clients(port: int, bodies: list[dict], clients: int,
 
     latencies: list[float] = []
     failed, tokens, correct, agree = 0, 0, 0, 0
+    local = threading.local()  # each client keeps its connection open between requests
 
     def one(body):
+        if getattr(local, "connection", None) is None:
+            local.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         start = time.perf_counter()
         try:
-            status, answer = post(port, body)
+            status, answer = post(port, body, local.connection)
         except OSError:
+            local.connection = None
             return None, time.perf_counter() - start
         return (answer if status == 200 else None), time.perf_counter() - start
 
@@ -303,7 +322,8 @@ def main(argv=None) -> int:
                 serial_exact = round(sum(map(exact_match, serial_texts, references))
                                      / len(bodies), 4)
             port = free_port()
-            server = start_server(path, port, args.threads, args.max_batch)
+            server = start_server(path, port, args.threads, args.max_batch,
+                                  Path(root) / f"server-{label.replace('/', '-')}.log")
             try:
                 post(port, bodies[0])  # warm-up
                 for clients in args.clients:
