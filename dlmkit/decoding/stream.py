@@ -76,13 +76,12 @@ class CausalStream:
 def pad_chunks(chunks: Sequence[Sequence[int]], pad_id: int, device):
     """Left-pad per-row chunks (empty allowed) to ``([B, C], valid [B, C])``, ``C >= 1``."""
     width = max(1, max(len(c) for c in chunks))
-    ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
-    valid = torch.zeros((len(chunks), width), dtype=torch.long)
-    for row, c in enumerate(chunks):
-        if c:
-            ids[row, width - len(c):] = torch.as_tensor(list(c))
-            valid[row, width - len(c):] = 1
-    return ids.to(device), valid.to(device)
+    # Padded as lists, then one tensor each: a tensor op per row costs more than the lists
+    # at every decoding step.
+    ids = [[pad_id] * (width - len(c)) + [int(t) for t in c] for c in chunks]
+    valid = [[0] * (width - len(c)) + [1] * len(c) for c in chunks]
+    return (torch.tensor(ids, dtype=torch.long, device=device),
+            torch.tensor(valid, dtype=torch.long, device=device))
 
 
 def exclude(logits: torch.Tensor, mask_id: int) -> torch.Tensor:

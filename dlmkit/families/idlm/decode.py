@@ -55,13 +55,20 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
     feed = [list(p) for p in prompts]  # clean tokens of the next forward
     known = [len(p) for p in prompts]  # how many of them are already committed
     draft_q: list[torch.Tensor | None] = [None] * batch  # proposal distributions (sampling)
+    greedy = temperature == 0
     while any(active):
         ids, valid = pad_chunks([f if a else [] for f, a in zip(feed, active)], pad_id,
                                 runner.device)
         clean, noisy = stream.forward(ids, valid, stride, mask_id)
         clean, noisy = exclude(clean, mask_id), exclude(noisy, mask_id)
         width = ids.shape[1]
-        keep = torch.zeros_like(valid, dtype=torch.bool)
+        if greedy:
+            # Greedy needs only each position's argmax: two batched ops and plain lists, not
+            # a few small tensor ops per row and token (most of the non-model time of a
+            # batched forward).
+            clean_best = clean.argmax(-1).tolist()
+            noisy_best = noisy.argmax(-1).tolist()
+        kept = [[0, 0] for _ in range(batch)]  # per row: the kept columns [lo, hi)
         for row in range(batch):
             if not active[row]:
                 continue
@@ -70,12 +77,11 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
             col0 = width - len(fed)  # column of fed[0]
             accepted, anchor = 0, None
             for i in range(a, len(fed)):
-                logits = clean[row, col0 + i - 1]
-                if temperature == 0:
-                    if int(logits.argmax()) != fed[i]:
+                if greedy:
+                    if clean_best[row][col0 + i - 1] != fed[i]:
                         break
                 else:
-                    p = torch.softmax(logits.double() / temperature, -1)
+                    p = torch.softmax(clean[row, col0 + i - 1].double() / temperature, -1)
                     q = draft_q[row][i - a]
                     ratio = (p[fed[i]] / q[fed[i]]).clamp(max=1.0)
                     if float(torch.rand((), generator=gen, dtype=torch.float64)) >= ratio:
@@ -84,9 +90,10 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                         break
                 accepted += 1
             last = col0 + a - 1 + accepted
-            keep[row, col0:last + 1] = True
+            kept[row] = [col0, last + 1]
             if anchor is None:
-                anchor = int(sample_tokens(clean[row, last], temperature, gen))
+                anchor = clean_best[row][last] if greedy else \
+                    int(sample_tokens(clean[row, last], temperature, gen))
             new = fed[a:a + accepted] + [anchor]
             for token in new:
                 out[row].append(token)
@@ -95,14 +102,17 @@ def sample_isd(runner, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                     break
             runner.committed(row, out[row])
             if accepted == len(fed) - a:
-                proposals = sample_tokens(noisy[row], temperature, gen).tolist()
+                proposals = noisy_best[row] if greedy else \
+                    sample_tokens(noisy[row], temperature, gen).tolist()
                 if temperature > 0:
                     draft_q[row] = torch.softmax(noisy[row].double() / temperature, -1)
                 feed[row] = [anchor, *proposals]
             else:
                 feed[row] = [anchor]
             known[row] = 1
-        stream.commit(keep)
+        kept = torch.tensor(kept, device=runner.device)
+        columns = torch.arange(width, device=runner.device)
+        stream.commit((columns >= kept[:, :1]) & (columns < kept[:, 1:]))
     return out
 
 
