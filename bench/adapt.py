@@ -352,18 +352,21 @@ def recall(loaded, records: list[dict]) -> list[bool]:
 
 
 def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples: int) -> dict:
-    """The curve (bits/byte at each checkpoint), the final model's bits/byte and recall."""
+    """The curve (bits/byte at each checkpoint), the final model's bits/byte, its bits/byte on
+    the probe entries and its recall of them."""
     from dlmkit.generate.api import load
 
     loaded = load(run_dir / "final")
     params = sum(p.numel() for p in loaded.model.parameters())
     final_bpb = bits_per_byte(loaded, held_out, mc_samples)
+    probe_bpb = bits_per_byte(loaded, probe, mc_samples)
     recalled = recall(loaded, probe)
     curve = []
     for step, path in checkpoints(run_dir):
         load_step(loaded, path)
         curve.append([step, round(bits_per_byte(loaded, held_out, mc_samples), 4)])
     return {"params": params, "bpb": round(final_bpb, 4), "curve": curve,
+            "probe_bpb": round(probe_bpb, 4),
             # What the run trained with (its default when the bench did not set it); None:
             # the family, or this dlmkit, has no such option.
             "logit_shift": (loaded.meta.get("options") or {}).get("logit_shift"),
@@ -483,6 +486,7 @@ def run_benchmark(args) -> list[dict]:
                 "logit_shift": s["logit_shift"],
                 "params": s["params"], "steps": trained, "final_step": chosen, "bpb": s["bpb"],
                 "curve": s["curve"], "recalled": len(s["recalled"]),
+                "probe_bpb": s["probe_bpb"],
                 "train_wall_s": round(wall, 1),
                 "score_wall_s": round(time.perf_counter() - start, 1),
                 "load_avg": [round(x, 2) for x in load_before]}
@@ -605,7 +609,8 @@ def rescore(args) -> list[dict]:
     for line in sorted(mine, key=lambda x: x["run"] != "pretrain"):
         s = score_run(run_dir_of(work, line), held_out, probe, size.mc_samples)
         line.update(bpb=s["bpb"], curve=s["curve"], recalled=len(s["recalled"]),
-                    logit_shift=s["logit_shift"], params=s["params"], rescored_commit=commit)
+                    logit_shift=s["logit_shift"], params=s["params"],
+                    probe_bpb=s["probe_bpb"], rescored_commit=commit)
         if line["run"] == "pretrain":
             ar_bpb, ar_recalled = s["bpb"], set(s["recalled"])
             continue
@@ -618,6 +623,35 @@ def rescore(args) -> list[dict]:
         print(json.dumps(line), flush=True)
     results.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return mine
+
+
+def score_probe(args) -> list[dict]:
+    """Add ``probe_bpb`` (the final model's bits/byte on the probe entries) to the lines of
+    ``--work``'s batch that lack it (lines written before the bench measured it), in place."""
+    import torch
+
+    from dlmkit.generate.api import load
+
+    torch.set_num_threads(args.threads)
+    size = SIZES[args.size]
+    work = Path(args.work).expanduser() if args.work else \
+        Path(args.cache).expanduser() / "runs" / args.size
+    saved = work / "pretrain-ar" / "bench.json"
+    if not saved.is_file():
+        raise SystemExit(f"bench/adapt.py --score-probe: no {saved}; nothing of --size "
+                         f"{args.size} was run in {work}")
+    batch = json.loads(saved.read_text())["batch_id"]
+    probe = [json.loads(x) for x in (work / "data" / "probe.jsonl").open()][:size.probe_entries]
+    results = Path(args.results)
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    todo = [line for line in lines if line.get("batch_id") == batch and "probe_bpb" not in line]
+    for line in todo:
+        loaded = load(run_dir_of(work, line) / "final")
+        line["probe_bpb"] = round(bits_per_byte(loaded, probe, size.mc_samples), 4)
+        print(json.dumps({"run_dir": run_dir_of(work, line).name,
+                          "probe_bpb": line["probe_bpb"]}), flush=True)
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return todo
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -634,8 +668,11 @@ def table(lines: list[dict]) -> str:
         if pre is not None:
             out.append(f"Pretrained AR: {pre['params']:,} parameters ({pre['model']}), "
                        f"{pre['steps']} steps, held-out **{pre['bpb']:.3f} bits/byte**, recalls "
-                       f"{pre['recalled']} of {pre['probe_scored']} probe entries; entries "
-                       f"{pre['entries']}, {pre['held_out_scored']} held-out entries scored, "
+                       f"{pre['recalled']} of {pre['probe_scored']} probe entries"
+                       + (f" (their bits/byte {pre['probe_bpb']:.3f})" if "probe_bpb" in pre
+                          else "") + "; entries "
+                       f"{pre['entries']}, "
+                       f"{pre['held_out_scored']} held-out entries scored, "
                        f"{pre['mc_samples']} Monte-Carlo draws each for the ELBOs. Trained in "
                        f"{pre['train_wall_s']:.0f} s (15-minute load average at its end "
                        f"{pre['load_avg'][2]:.1f}) on "
@@ -651,9 +688,9 @@ def table(lines: list[dict]) -> str:
                             "weight decay), so that the probe has something to lose.")
             out[-1] += "\n"
         out.append("| family | init | logit shift | steps run | bits/byte | x AR | steps to "
-                   "<= 1.1x AR | retained / AR recalled | curve (step: bits/byte) | "
-                   "train s | load, 15 min |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                   "<= 1.1x AR | retained / AR recalled | probe bits/byte | "
+                   "curve (step: bits/byte) | train s | load, 15 min |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for line in batch:
             if line["run"] == "pretrain":
                 continue
@@ -666,9 +703,10 @@ def table(lines: list[dict]) -> str:
             init = line["run"] + "".join(f", {k}={v}" for k, v in
                                          (line.get("overrides") or {}).items())
             curve = ", ".join(f"{s}: {b:.2f}" for s, b in line["curve"])
+            probe_bpb = f"{line['probe_bpb']:.3f}" if "probe_bpb" in line else ""
             out.append(f"| {line['family']} | {init} | {shift} | {line['steps']} | "
                        f"{line['bpb']:.3f} | {ratio} | {within if within is not None else 'never'}"
-                       f" | {retained} | {curve} | {line['train_wall_s']:.0f} | "
+                       f" | {retained} | {probe_bpb} | {curve} | {line['train_wall_s']:.0f} | "
                        f"{line['load_avg'][2]:.1f} |")
         out.append("")
     return "\n".join(out)
@@ -736,6 +774,9 @@ def parse_args(argv=None):
     p.add_argument("--rescore", action="store_true",
                    help="score the runs of --work's batch again and replace their scores in "
                         "--results (after a fix to the scoring)")
+    p.add_argument("--score-probe", action="store_true",
+                   help="add the probe entries' bits/byte to the lines of --work's batch that "
+                        "lack it (in --results, in place)")
     p.add_argument("--table", action="store_true",
                    help="only rewrite docs/adapt.md's tables from --results")
     p.add_argument("--doc", default=str(DOC), help="the page --table rewrites")
@@ -777,6 +818,9 @@ def main(argv=None) -> int:
         return 0
     if args.rescore:
         rescore(args)
+        return 0
+    if args.score_probe:
+        score_probe(args)
         return 0
     run_benchmark(args)
     return 0

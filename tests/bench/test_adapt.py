@@ -178,11 +178,13 @@ def test_table_renders_the_newest_batch(tmp_path):
     lines = [
         _line(adapt, batch_id="B1", run="pretrain", family="ar", bpb=9.0, curve=[[8, 9.0]]),
         _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.0]], steps=12,
+              probe_bpb=0.25,
               probe_repeat=2, memorise_steps=4, memorise_repeat=3, memorise_lr=0.001,
               base={"steps": 8, "bpb": 1.9, "curve": [[8, 1.9]], "recalled": 0,
                     "train_wall_s": 5.0}),
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
-              curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8),
+              curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8,
+              probe_bpb=1.5),
         _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
               retained=0, ar_recalled=1, steps_within_10pct=None,
               overrides={"train.lr": 0.001}),
@@ -198,9 +200,13 @@ def test_table_renders_the_newest_batch(tmp_path):
     assert ("The 12 steps: 8 from scratch on the training entries and each probe entry x2 "
             "(then 1.900 bits/byte, 0 probe entries recalled; 5 s), then 4 on the training "
             "entries and each probe entry x3 (lr 0.001, no weight decay)") in text
-    assert "| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 4: 2.30, 8: 2.10 |" in text
-    assert "| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |" in text
-    assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |" in text
+    assert "recalls 1 of 2 probe entries (their bits/byte 0.250); entries {'train': 3}, 2 " in text
+    assert ("| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 1.500 | 4: 2.30, 8: 2.10 |"
+            in text)
+    # A line from before the probe's bits/byte were measured: an empty cell.
+    assert ("| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |  | "
+            "8: 3.00 |") in text
+    assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |  |" in text
     page = doc.read_text()
     assert page.startswith("intro\n") and page.endswith("outro\n") and "old" not in page
 
@@ -239,7 +245,7 @@ def test_smoke_size_end_to_end(tmp_path):
     assert [s for s, _ in pre["curve"]] == [4] and pre["steps"] == 12
     for line in lines:
         assert all(math.isfinite(b) and b > 0 for _, b in line["curve"])
-        assert line["bpb"] > 0
+        assert line["bpb"] > 0 and math.isfinite(line["probe_bpb"]) and line["probe_bpb"] > 0
     for line in (adapted, scratch):
         assert [s for s, _ in line["curve"]] == [4, 8] and line["steps"] == 8
     assert adapted["ar_bpb"] == scratch["ar_bpb"] == pre["bpb"]
@@ -260,6 +266,14 @@ def test_smoke_size_end_to_end(tmp_path):
     assert (kept["run"], kept["bpb"], kept["train_wall_s"]) == ("scratch", scratch["bpb"],
                                                                 scratch["train_wall_s"])
     results.write_text("".join(json.dumps(x) + "\n" for x in [*lines, more]))
+
+    # --score-probe fills in the probe's bits/byte of lines written without it, the same
+    # number the run's own scoring gave.
+    stripped = [{k: v for k, v in x.items() if k != "probe_bpb"} if x is adapted else x
+                for x in [*lines, more]]
+    results.write_text("".join(json.dumps(x) + "\n" for x in stripped))
+    filled = bench("--score-probe")
+    assert [x.get("probe_bpb") for x in filled] == [x["probe_bpb"] for x in [*lines, more]]
 
     # --rescore scores the batch's runs again in place: the same draws, the same numbers.
     again = bench("--rescore")
