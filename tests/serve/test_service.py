@@ -47,3 +47,13 @@ def test_a_reused_config_does_not_let_an_equal_value_of_another_type_through(exp
         service.configure(_request(max_tokens=8, dlmkit={"threshold": 2}), ids)
     with pytest.raises(APIError, match="threshold"):
         service.configure(_request(max_tokens=8, dlmkit={"threshold": 2}), ids)
+
+
+def test_a_started_server_keeps_what_it_loaded_out_of_full_collections(serve):
+    """A full collection walks every object of the process (~460k with torch, transformers
+    and a model loaded): one stalled all requests in flight for ~0.4 s at 64 clients. The
+    server freezes what it loaded when it starts."""
+    import gc
+
+    serve("ar")
+    assert gc.get_freeze_count() > 0
