@@ -221,8 +221,8 @@ def run_clients(port: int, bodies: list[dict], clients: int,
     answers: list = [None] * len(bodies)
     latencies: list[float] = [0.0] * len(bodies)
     # The clients are coroutines of one event loop, each on its own keep-alive connection,
-    # opened before the clock starts. Client threads measured the load generator instead:
-    # 64 threads contending for the GIL took ~0.4 s to send one request each on 2 busy cores.
+    # opened before the clock starts: the load generator shares the server's two cores, so it
+    # should cost as little as it can (no thread per client contending for the GIL).
     clock: list[float] = []
     asyncio.run(_clients(port, bodies, clients, answers, latencies, clock))
     failed, tokens, correct, agree = 0, 0, 0, 0
