@@ -13,8 +13,9 @@ Per (family, clients): generated tokens per second of wall time (a stop token en
 answer, so only real tokens count), p50/p99 request latency, failed requests (any non-200
 answer or connection error), and the ratio to **serial decoding** of the same requests
 (``generate`` on one prompt at a time in this process, the same threads), measured in the same
-run. The load average of the machine before and after each family is recorded: this machine is
-shared, and figures only compare within one run.
+run (decoded again right before each client count, as the machine's load drifts). The load
+average of the machine before and after each family is recorded: this machine is shared, and
+figures only compare within one run.
 
 ``--task NAME``: the requests are the first ``--requests`` problems of the bundled task's
 *test* split, and each row also reports the **exact match** of the served answers against the
@@ -125,15 +126,21 @@ def post(port: int, body: dict, connection: http.client.HTTPConnection | None = 
             connection.close()
 
 
-def serial(path: Path, bodies: list[dict]) -> tuple[float, list[list[int]], list[str]]:
-    """Tokens/s of decoding the requests one at a time in this process (no server), with
-    each request's tokens and text."""
+def serial_decoder(path: Path, bodies: list[dict]):
+    """``decode() -> (tokens/s, tokens, texts)``: the requests decoded one at a time in this
+    process (no server), each request's tokens and text."""
     from dlmkit.generate import generate, load
 
     loaded = load(path)
     config = loaded.config(None, max_new_tokens=bodies[0]["max_tokens"],
                            **bodies[0].get("dlmkit", {}))
     generate(loaded.model, loaded.tokenizer, [bodies[0]["prompt"]], config)  # warm-up
+    return lambda: _serial(loaded, config, bodies)
+
+
+def _serial(loaded, config, bodies: list[dict]) -> tuple[float, list[list[int]], list[str]]:
+    from dlmkit.generate import generate
+
     tokens, ids, texts = 0, [], []
     start = time.perf_counter()
     for body in bodies:
@@ -346,7 +353,8 @@ def main(argv=None) -> int:
             bodies, references = requests(args.requests, args.max_tokens, args.task,
                                           options[label])
             load_before = os.getloadavg()[0]
-            serial_tps, serial_tokens, serial_texts = serial(path, bodies)
+            decode_serially = serial_decoder(path, bodies)
+            serial_tps, serial_tokens, serial_texts = decode_serially()
             serial_exact = None
             if references is not None:
                 from dlmkit.generate.evaluation import exact_match
@@ -358,7 +366,9 @@ def main(argv=None) -> int:
                                   Path(root) / f"server-{label.replace('/', '-')}.log")
             try:
                 post(port, bodies[0])  # warm-up
-                for clients in args.clients:
+                for number, clients in enumerate(args.clients):
+                    if number:  # serial again next to each client count: the load drifts
+                        serial_tps = decode_serially()[0]
                     row = {"bench": "serve", "run": run, "family": family, "label": label,
                            "model": str(given.get(label, "tiny-llama random weights")),
                            "options": options[label], "task": args.task, "clients": clients,
