@@ -691,7 +691,11 @@ def table(lines: list[dict]) -> str:
                    "<= 1.1x AR | retained / AR recalled | probe bits/byte | "
                    "curve (step: bits/byte) | train s | load, 15 min |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for line in batch:
+        # By family (FAMILIES' order), adapted runs before the from-scratch one, each group in
+        # the order it was run.
+        order = {f: i for i, f in enumerate(FAMILIES)}
+        for line in sorted(batch, key=lambda x: (order.get(x["family"], len(order)),
+                                                 x["run"] == "scratch")):
             if line["run"] == "pretrain":
                 continue
             ratio = f"{line['bpb'] / line['ar_bpb']:.2f}" if line.get("ar_bpb") else ""

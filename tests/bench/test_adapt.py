@@ -185,11 +185,11 @@ def test_table_renders_the_newest_batch(tmp_path):
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
               curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8,
               probe_bpb=1.5),
+        _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
+              curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
         _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
               retained=0, ar_recalled=1, steps_within_10pct=None,
               overrides={"train.lr": 0.001}),
-        _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
-              curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
     ]
     results = tmp_path / "adapt.jsonl"
     results.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -207,6 +207,8 @@ def test_table_renders_the_newest_batch(tmp_path):
     assert ("| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |  | "
             "8: 3.00 |") in text
     assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |  |" in text
+    rows = [row.split(" | ")[1] for row in text.splitlines() if row.startswith("| mdlm |")]
+    assert rows == ["adapted", "adapted, train.lr=0.001", "scratch"]
     page = doc.read_text()
     assert page.startswith("intro\n") and page.endswith("outro\n") and "old" not in page
 
