@@ -153,6 +153,55 @@ def _serial(loaded, config, bodies: list[dict]) -> tuple[float, list[list[int]],
     return tokens / (time.perf_counter() - start), ids, texts
 
 
+def profile_batch(path: Path, bodies: list[dict], rows: int = 16, repeats: int = 3) -> dict:
+    """Where one batch's time goes, in process: the first ``rows`` requests decoded as one
+    batch and one at a time (best of ``repeats`` each, interleaved), each split into the time
+    inside the model's forward (hooks on the model) and the rest (masks, sampling, per-row
+    bookkeeping, caches)."""
+    from dlmkit.generate import generate, load
+
+    loaded = load(path)
+    config = loaded.config(None, max_new_tokens=bodies[0]["max_tokens"],
+                           **bodies[0].get("dlmkit", {}))
+    chosen = bodies[:rows]
+    inside = {"s": 0.0, "start": 0.0}
+
+    def before(module, args, kwargs):
+        inside["start"] = time.perf_counter()
+
+    def after(module, args, kwargs, output):
+        inside["s"] += time.perf_counter() - inside["start"]
+
+    hooks = [loaded.model.register_forward_pre_hook(before, with_kwargs=True),
+             loaded.model.register_forward_hook(after, with_kwargs=True)]
+
+    def timed(groups):
+        inside["s"], forwards = 0.0, 0
+        start = time.perf_counter()
+        for group in groups:
+            result = generate(loaded.model, loaded.tokenizer, [b["prompt"] for b in group],
+                              config, prompt_seeds=[(b["seed"], 0) for b in group])
+            forwards += result.forwards
+        return time.perf_counter() - start, inside["s"], forwards, result
+
+    try:
+        timed([chosen])  # warm-up
+        batch, alone = [], []
+        for _ in range(repeats):
+            batch.append(timed([chosen]))
+            alone.append(timed([[b] for b in chosen]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    best, single = min(batch, key=lambda t: t[0]), min(alone, key=lambda t: t[0])
+    return {"rows": len(chosen), "batch_ms": round(1000 * best[0], 1),
+            "batch_model_ms": round(1000 * best[1], 1), "batch_forwards": best[2],
+            "model_share": round(best[1] / best[0], 3),
+            "tokens": best[3].generated, "alone_ms": round(1000 * single[0], 1),
+            "alone_model_ms": round(1000 * single[1], 1), "alone_forwards": single[2],
+            "batch_gain": round(single[0] / best[0], 2)}
+
+
 def start_server(path: Path, port: int, threads: int, max_batch: int,
                  log: Path) -> subprocess.Popen:
     """The server, its output (an access line per request) into ``log``: a pipe nobody
@@ -307,6 +356,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, server and serial")
     parser.add_argument("--max-batch", type=int, default=64, help="dlmkit serve --batch-size")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time one batch of the first 16 requests in process against "
+                             "the same requests one at a time, model forward vs the rest "
+                             "(a 'serve_profile' line per served model)")
     parser.add_argument("--output", help="append the JSON lines to this file")
     parser.add_argument("--markdown", action="store_true", help="print a table at the end")
     args = parser.parse_args(argv)
@@ -353,6 +406,18 @@ def main(argv=None) -> int:
             bodies, references = requests(args.requests, args.max_tokens, args.task,
                                           options[label])
             load_before = os.getloadavg()[0]
+            if args.profile:
+                row = {"bench": "serve_profile", "run": run, "family": family, "label": label,
+                       "model": str(given.get(label, "tiny-llama random weights")),
+                       "options": options[label], "task": args.task,
+                       "max_tokens": args.max_tokens, **profile_batch(path, bodies),
+                       "load": os.getloadavg()[0], "threads": args.threads,
+                       "torch": torch.__version__, "commit": git_commit(),
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+                print(json.dumps(row), flush=True)
+                if args.output:
+                    with open(args.output, "a") as out:
+                        out.write(json.dumps(row) + "\n")
             decode_serially = serial_decoder(path, bodies)
             serial_tps, serial_tokens, serial_texts = decode_serially()
             serial_exact = None

@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -344,20 +345,72 @@ def serve(results: Path) -> str:
 @table("serve-serial")
 def serve_serial(results: Path) -> str:
     """The newest run's serial tokens/s per served model (the same requests one at a time, in
-    process), with their exact match when the run was scored."""
-    serial: dict[str, dict] = {}
+    process; measured before each client count, the median shown), with their exact match
+    when the run was scored."""
+    serial: dict[str, list[dict]] = {}
     for r in _newest_serve_run(results):
-        serial.setdefault(r.get("label", r["family"]), r)
-    rows = [["serial tokens/s", *(f"{r['serial_tokens_per_s']:g}" for r in serial.values())]]
-    if any("serial_exact_match" in r for r in serial.values()):
+        serial.setdefault(r.get("label", r["family"]), []).append(r)
+    rows = [["serial tokens/s", *(f"{statistics.median(x['serial_tokens_per_s'] for x in v):.1f}"
+                                  for v in serial.values())]]
+    if any("serial_exact_match" in v[0] for v in serial.values()):
         rows.append(["serial exact match", *(
-            f"{100 * r['serial_exact_match']:.1f}%" if "serial_exact_match" in r else "-"
-            for r in serial.values())])
+            f"{100 * v[0]['serial_exact_match']:.1f}%" if "serial_exact_match" in v[0] else "-"
+            for v in serial.values())])
     return markdown(["served model", *serial], rows)
 
 
+@table("serve-repeats")
+def serve_repeats(results: Path) -> str:
+    """Every scored run (``--task``) of the results file, per served model at 16 and 64
+    clients: the median and range of tokens/s and of the ratio to serial over the runs (the
+    shared machine's load moves single figures by 2x)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in _serve_rows(results):
+        if r.get("task") and r["clients"] in (16, 64):
+            groups.setdefault((r["clients"], r.get("label", r["family"])), []).append(r)
+    out = []
+    for (clients, label), rows in sorted(groups.items()):
+        speed = sorted(r["tokens_per_s"] for r in rows)
+        ratio = sorted(r["vs_serial"] for r in rows)
+        exact = sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})
+        out.append([label, str(clients), str(len(rows)), f"{statistics.median(speed):.0f}",
+                    f"{speed[0]:.0f}–{speed[-1]:.0f}", f"{statistics.median(ratio):.2f}",
+                    f"{ratio[0]:.2f}–{ratio[-1]:.2f}", str(sum(r["failed"] for r in rows)),
+                    " / ".join(exact)])
+    return markdown(["served model", "clients", "runs", "tokens/s (median)", "range",
+                     "× serial (median)", "range", "failed", "exact match"], out, "lrrrrrrrr")
+
+
+@table("serve-profile")
+def serve_profile(results: Path) -> str:
+    """The newest profiled run's batches (``bench/serve.py --profile``): one batch of 16
+    requests against the same requests one at a time, in process, model forward vs the
+    rest."""
+    rows = [r for r in load("serve.jsonl", results) if r.get("bench") == "serve_profile"]
+    newest = max(r["run"] for r in rows)
+    out = []
+    for r in rows:
+        if r["run"] != newest:
+            continue
+        options = ", ".join(f"{k}={v}" for k, v in r["options"].items()) or "defaults"
+        out.append([r["family"], options, str(r["tokens"]),
+                    f"{r['batch_ms']:.1f} ({r['batch_forwards']})",
+                    f"{100 * r['model_share']:.0f}%",
+                    f"{r['alone_ms']:.1f} ({r['alone_forwards']})",
+                    f"{100 * r['alone_model_ms'] / r['alone_ms']:.0f}%",
+                    f"{r['batch_gain']:.2f}", f"{r['load']:.1f}"])
+    return markdown(["family", "options", "tokens", "batch of 16: ms (forwards)",
+                     "in the model", "one at a time: ms (forwards)", "in the model",
+                     "batch gain", "load"], out, "llrrrrrrr")
+
+
+def _serve_rows(results: Path) -> list[dict]:
+    """The throughput rows (not the profiles) of the results file."""
+    return [r for r in load("serve.jsonl", results) if r.get("bench", "serve") == "serve"]
+
+
 def _newest_serve_run(results: Path) -> list[dict]:
-    rows = load("serve.jsonl", results)
+    rows = _serve_rows(results)
     newest = max(r.get("run", "") for r in rows)
     return [r for r in rows if r.get("run", "") == newest]
 
