@@ -50,6 +50,10 @@ def add_parser(subparsers) -> None:
                         help="how long a batch's first request waits for companions")
     server.add_argument("--threads", type=int,
                         help="torch intra-op threads (default: torch's choice)")
+    server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="log one line per request (uvicorn's access log; "
+                             "--no-access-log saves its cost on every request, the largest "
+                             "left on the event loop: docs/serving.md)")
     parser.set_defaults(func=run)
 
 
@@ -97,5 +101,6 @@ def run(args) -> int:
           "then exit)", flush=True)
     # timeout_graceful_shutdown=None: on SIGTERM, wait for every request in flight
     uvicorn.Server(uvicorn.Config(create_app(service), host=args.host, port=args.port,
-                                  log_level="info", timeout_graceful_shutdown=None)).run()
+                                  log_level="info", access_log=args.access_log,
+                                  timeout_graceful_shutdown=None)).run()
     return 0

@@ -40,6 +40,24 @@ def test_bad_options_fail_before_serving(export, flags, message):
     assert message in str(failed.value)
 
 
+
+@pytest.mark.parametrize("flags,logged", [([], True), (["--no-access-log"], False)])
+def test_access_log_is_on_unless_turned_off(export, monkeypatch, flags, logged):
+    import uvicorn
+
+    seen = {}
+
+    class Server:  # records the config instead of serving
+        def __init__(self, config):
+            seen["access_log"] = config.access_log
+
+        def run(self):
+            seen["ran"] = True
+
+    monkeypatch.setattr(uvicorn, "Server", Server)
+    main(["serve", "--model", str(export("ar")), "--device", "cpu", *flags])
+    assert seen == {"access_log": logged, "ran": True}
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
