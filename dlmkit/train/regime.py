@@ -125,8 +125,8 @@ def small_checkpoint_warning(config: RunConfig, model, lr_unset: bool) -> str | 
         return None
     return (f"warning: train.lr={config.train.lr:g} is the fine-tuning default for "
             f"checkpoints of 0.5 B+ parameters; this one has {count / 1e6:.1f} M. Adapting a "
-            "0.7 M checkpoint, 1e-5 ended worse than training from scratch and 1e-4 to 1e-3 "
-            "better (docs/finetuning.md): set train.lr, e.g. in that range")
+            "0.7 M checkpoint into mdlm or bd3lm, 1e-5 ended worse than training from scratch "
+            "and 1e-4 to 1e-3 better (docs/finetuning.md): set train.lr, e.g. in that range")
 
 
 def _family_strategy(name):
