@@ -11,8 +11,10 @@ headword: 10% held out (bits/byte), 5% the retention probe, the rest training.
 The benchmark:
 
 1. pretrains a small causal LM with the ``ar`` family from scratch on the training entries plus
-   the probe entries (repeated ``probe_repeat`` times, so the model memorises them), byte
-   tokenizer, the whole budget (no early stopping), ``final/`` = the last step;
+   the probe entries (repeated ``probe_repeat`` times), byte tokenizer, the whole budget (no
+   early stopping), ``final/`` = the last step; then continues it for ``memorise_steps`` on the
+   training entries plus the probe entries repeated ``memorise_repeat`` times, without weight
+   decay, so that it reproduces most probe entries exactly (the probe can then fail);
 2. adapts that checkpoint (``model.name`` = its ``final/``: the fine-tuning regime and its
    defaults) with every family in ``--families`` on the training entries only (the probe
    entries are never shown again), ``ar`` continued as the control;
@@ -23,7 +25,8 @@ The benchmark:
    ``idlm``), the Monte-Carlo ELBO (an upper bound on the bits) for the masked families, each
    by the scorer its strategy names (:mod:`dlmkit.decoding.likelihood`); and, at the final
    model, the retention probe: the probe entries whose definition the family's own sampler
-   (greedy, :func:`dlmkit.generate.api.generate`) reproduces exactly from the headword.
+   (greedy, :func:`dlmkit.generate.api.generate`) reproduces exactly from the headword, and
+   the probe entries' bits per byte (retention in likelihood).
 
 One JSON line per run is appended to ``--results``; ``--table`` turns them into the tables of
 docs/adapt.md. Usage::
