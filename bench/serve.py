@@ -203,7 +203,7 @@ def profile_batch(path: Path, bodies: list[dict], rows: int = 16, repeats: int =
 
 
 def start_server(path: Path, port: int, threads: int, max_batch: int,
-                 log: Path) -> subprocess.Popen:
+                 log: Path, access_log: bool = True) -> subprocess.Popen:
     """The server, its output (an access line per request) into ``log``: a pipe nobody
     reads would fill and stall it."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -211,7 +211,8 @@ def start_server(path: Path, port: int, threads: int, max_batch: int,
         process = subprocess.Popen(
             [sys.executable, "-m", "dlmkit.cli", "serve", "--model", str(path), "--port",
              str(port), "--threads", str(threads), "--device", "cpu", "--model-name", "bench",
-             "--batch-size", str(max_batch), "--max-queue", "1024"],
+             "--batch-size", str(max_batch), "--max-queue", "1024",
+             "--access-log" if access_log else "--no-access-log"],
             env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -356,6 +357,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, server and serial")
     parser.add_argument("--max-batch", type=int, default=64, help="dlmkit serve --batch-size")
+    parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                        help="dlmkit serve --access-log / --no-access-log (uvicorn's line per "
+                             "request)")
     parser.add_argument("--profile", action="store_true",
                         help="also time one batch of the first 16 requests in process against "
                              "the same requests one at a time, model forward vs the rest "
@@ -428,7 +432,8 @@ def main(argv=None) -> int:
                                      / len(bodies), 4)
             port = free_port()
             server = start_server(path, port, args.threads, args.max_batch,
-                                  Path(root) / f"server-{label.replace('/', '-')}.log")
+                                  Path(root) / f"server-{label.replace('/', '-')}.log",
+                                  access_log=args.access_log)
             try:
                 post(port, bodies[0])  # warm-up
                 for number, clients in enumerate(args.clients):
@@ -437,6 +442,7 @@ def main(argv=None) -> int:
                     row = {"bench": "serve", "run": run, "family": family, "label": label,
                            "model": str(given.get(label, "tiny-llama random weights")),
                            "options": options[label], "task": args.task, "clients": clients,
+                           "access_log": args.access_log,
                            "requests": args.requests, "max_tokens": args.max_tokens,
                            **run_clients(port, bodies, clients, references, serial_tokens),
                            "serial_tokens_per_s": round(serial_tps, 1)}
