@@ -381,6 +381,30 @@ def serve_repeats(results: Path) -> str:
                      "× serial (median)", "range", "failed", "exact match"], out, "lrrrrrrrr")
 
 
+@table("serve-quiet")
+def serve_quiet(results: Path) -> str:
+    """docs/results/serve_quiet.jsonl: the fastest setting of each family on a quiet machine,
+    uvicorn's access log on and off alternately, per served model and client count: the
+    median and range of tokens/s over the runs, the median ratio to serial."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in load("serve_quiet.jsonl", results):
+        groups.setdefault((r["clients"], r["label"], r["access_log"]), []).append(r)
+    out = []
+    for (clients, label, logged), rows in sorted(groups.items(), key=lambda g: (
+            g[0][0], g[0][1], not g[0][2])):
+        speed = sorted(r["tokens_per_s"] for r in rows)
+        loads = sorted(r["load_before"] for r in rows)
+        out.append([label, str(clients), "on" if logged else "off", str(len(rows)),
+                    f"{statistics.median(speed):.0f}", f"{speed[0]:.0f}–{speed[-1]:.0f}",
+                    f"{statistics.median(r['vs_serial'] for r in rows):.2f}",
+                    str(sum(r["failed"] for r in rows)),
+                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
+                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+    return markdown(["served model", "clients", "access log", "runs", "tokens/s (median)",
+                     "range", "× serial (median)", "failed", "exact match", "load"], out,
+                    "lrlrrrrrrl")
+
+
 @table("serve-profile")
 def serve_profile(results: Path) -> str:
     """The newest profiled run's batches (``bench/serve.py --profile``): one batch of 16
