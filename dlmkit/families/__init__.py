@@ -1,7 +1,9 @@
 """The family registry: one :class:`Family` record per dLLM family, each from its own folder.
 
 ``get(name)`` -> the :class:`Family`, ``names()`` lists them, ``sampling_class(name)`` -> the
-options class of that family's sampler. Adding a family is one folder and one line below
+options class of that family's sampler, ``training_help(name)`` its training options with help,
+``plain_causal()`` / ``drafting()`` the families with those roles, ``register(family)`` adds one
+from outside this tree. Adding a family is one folder and one line below
 (docs/adding_a_family.md).
 """
 
