@@ -66,7 +66,8 @@ DEFAULTS: dict = {
         "max_grad_norm": 1.0,
         "micro_batch_size": None,  # completions per forward/backward (null: all of a rank's)
         "autocast": "auto",      # auto (bf16 on CUDA) | bf16 | none
-        "distributed": "ddp",    # under torchrun; fsdp2 is not supported by rl yet
+        "distributed": "ddp",    # ddp | fsdp2 (under torchrun; fsdp2: the policy and the
+        # reference sharded, the policy gathered whole for each step's rollouts)
         "device": "auto",
         "threads": None,
         "log_every": 1,
@@ -178,9 +179,8 @@ def validate(config: dict) -> dict:
          f"{t['micro_batch_size']!r}")
     need(t["autocast"] in ("auto", "bf16", "none"),
          f"train.autocast must be auto, bf16 or none, got {t['autocast']!r}")
-    need(t["distributed"] == "ddp",
-         f"train.distributed must be ddp, got {t['distributed']!r} (rl does not support fsdp2 "
-         "yet: rollouts decode with each rank's whole model)")
+    need(t["distributed"] in ("ddp", "fsdp2"),
+         f"train.distributed must be ddp or fsdp2, got {t['distributed']!r}")
     need(t["threads"] is None or _int(t["threads"], 1),
          f"train.threads must be a positive int or null, got {t['threads']!r}")
     need(isinstance(t["progress"], bool),

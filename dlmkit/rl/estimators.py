@@ -137,12 +137,46 @@ class Estimator:
         return spans
 
     # -- scores --------------------------------------------------------------------------
+    def forwards(self, items: list[tuple[list[int], list[int]]], noises: list[Noise]) -> int:
+        """How many model forwards :meth:`score` makes for ``items`` (one per row length)."""
+        return len({len(row[1]) for row in self._rows(items, noises)})
+
     def score(self, model, items: list[tuple[list[int], list[int]]],
-              noises: list[Noise]) -> torch.Tensor:
+              noises: list[Noise], forwards: int = 0) -> torch.Tensor:
         """``[N]`` float64 estimates (differentiable in ``model``) of ``items`` = ``(prompt ids,
-        completion ids)`` under ``noises`` (one per item, from :meth:`draw`)."""
+        completion ids)`` under ``noises`` (one per item, from :meth:`draw`). ``forwards``: make
+        at least that many model forwards (FSDP2 all-gathers the weights in every forward, so
+        all ranks must make the same number; the extra ones repeat a row and add 0 times its
+        score, which leaves the value and the gradient unchanged)."""
         device = next(model.parameters()).device
-        rows = []  # (item, input ids, scored columns, targets, weights)
+        rows = self._rows(items, noises)
+        groups = defaultdict(list)
+        for row in rows:
+            groups[len(row[1])].append(row)
+        total = torch.zeros(len(items), dtype=torch.float64, device=device)
+        for length, group in groups.items():
+            total = self._add(model, total, group, length, noises, device)
+        shortest = min(groups)
+        for _ in range(forwards - len(groups)):
+            total = self._add(model, total, groups[shortest][:1], shortest, noises, device,
+                              weight=0.0)
+        return total
+
+    def _add(self, model, total, group, length, noises, device, weight: float = 1.0):
+        """``total`` plus ``weight`` times the scores of ``group`` (rows of one ``length``)."""
+        ids = torch.tensor([r[1] for r in group], device=device)
+        logits = self._forward(model, ids, length)
+        for b, (i, _, columns, target, w) in enumerate(group):
+            picked = torch.log_softmax(logits[b, columns].float(), -1) \
+                .gather(1, target.to(device).unsqueeze(1)).squeeze(1)
+            value = (picked.double() * w.to(device)).sum() * weight
+            total = total.index_add(0, torch.tensor([i], device=device),
+                                    value.unsqueeze(0) / noises[i].masked.shape[0])
+        return total
+
+    def _rows(self, items, noises) -> list[tuple]:
+        """``(item, input ids, scored columns, targets, weights)`` per noise draw of each item."""
+        rows = []
         for i, ((prompt, ids), noise) in enumerate(zip(items, noises)):
             if (self.shift or self.layout == "causal") and not prompt:
                 raise ValueError(f"item {i}: the prompt is empty, but this model reads each "
@@ -152,20 +186,7 @@ class Estimator:
                 raise ValueError(f"item {i}: the completion is empty; nothing to score")
             for k in range(noise.masked.shape[0]):
                 rows.append((i, *self._row(prompt, ids, noise, k)))
-        groups = defaultdict(list)
-        for row in rows:
-            groups[len(row[1])].append(row)
-        total = torch.zeros(len(items), dtype=torch.float64, device=device)
-        for length, group in groups.items():
-            ids = torch.tensor([r[1] for r in group], device=device)
-            logits = self._forward(model, ids, length)
-            for b, (i, _, columns, target, weight) in enumerate(group):
-                picked = torch.log_softmax(logits[b, columns].float(), -1) \
-                    .gather(1, target.to(device).unsqueeze(1)).squeeze(1)
-                value = (picked.double() * weight.to(device)).sum()
-                total = total.index_add(0, torch.tensor([i], device=device),
-                                        value.unsqueeze(0) / noises[i].masked.shape[0])
-        return total
+        return rows
 
     def _row(self, prompt: list[int], ids: list[int], noise: Noise, k: int):
         """Draw ``k`` of a completion as ``(input ids, logit rows, targets, weights)``."""

@@ -8,7 +8,7 @@ noise and takes ``objective.updates_per_rollout`` optimizer steps of the clipped
 (:mod:`.objective`) over its completions in micro-batches, with the number of completions over
 all ranks as the denominator. Everything random is a function of ``(seed, step, prompt,
 completion)``, so a resumed run repeats the steps it redoes bit for bit. The SFT recipe's
-machinery does the rest: the process group and DDP, the run directory's lock, atomic
+machinery does the rest: the process group and DDP or FSDP2, the run directory's lock, atomic
 checkpoints, ``metrics.jsonl``, the progress display.
 """
 
@@ -18,7 +18,7 @@ import json
 import math
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -122,6 +122,7 @@ def build_policy(config: dict, world: World) -> Policy:
     model = loaded.model.float()
     for p in model.parameters():
         p.requires_grad_(True)
+    t = config["train"]
     reference = None
     if config["objective"]["kl_beta"] > 0:
         try:
@@ -130,8 +131,12 @@ def build_policy(config: dict, world: World) -> Policy:
         except ValueError as err:
             raise ConfigError(str(err)) from None
         reference.requires_grad_(False)
-    model = wrap_model(model, world, "ddp")
-    t = config["train"]
+        if t["distributed"] == "fsdp2":  # sharded like the policy; frozen, so never updated
+            reference = wrap_model(reference, world, "fsdp2")
+    # No MixedPrecisionPolicy under FSDP2: the weights are gathered in fp32, so rollouts decode
+    # with the very weights of one process, and the updates compute in bf16 through autocast,
+    # as under DDP.
+    model = wrap_model(model, world, t["distributed"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
                                   weight_decay=t["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -160,10 +165,11 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
     inner = getattr(model, "module", model)
     start = time.perf_counter()
     indices = p.sampler.local_batch(step)
-    completions = rollout(inner, p.tokenizer, [(i, p.records[i]["prompt"]) for i in indices],
-                          G, p.sampler_cfg, seed=config["seed"], step=step,
-                          batch_size=ro["batch_size"], fixed_length=p.fixed_length,
-                          block_fill=p.block_fill)
+    with gathered(model):
+        completions = rollout(inner, p.tokenizer,
+                              [(i, p.records[i]["prompt"]) for i in indices], G, p.sampler_cfg,
+                              seed=config["seed"], step=step, batch_size=ro["batch_size"],
+                              fixed_length=p.fixed_length, block_fill=p.block_fill)
     rewards = torch.tensor([
         score(p.reward, p.records[c.prompt_index]["text"], c.text, p.records[c.prompt_index],
               where=f"prompt {c.prompt_index} ({p.records[c.prompt_index]['source']}: "
@@ -182,26 +188,44 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
     total = float(all_reduce_sum(torch.tensor([float(len(items))], device=world.device), world))
     micro = t["micro_batch_size"] or len(items)
     chunks = [range(a, min(a + micro, len(items))) for a in range(0, len(items), micro)]
+    # Every rank has as many chunks (the same number of completions), but a chunk makes one
+    # forward per row length, so under FSDP2 (a collective all-gather in every forward) each
+    # chunk makes as many forwards as its counterpart with the most on any rank.
+    forwards = [0] * len(chunks)
+    if world.distributed and t["distributed"] == "fsdp2":
+        import torch.distributed as dist
 
-    def scores(net, chunk):
+        counts = torch.tensor([p.estimator.forwards([items[i] for i in c],
+                                                    [noises[i] for i in c]) for c in chunks],
+                              device=world.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        forwards = counts.tolist()
+
+    def scores(net, j):
+        chunk = chunks[j]
         with autocast(p.precision, world.device):
-            return p.estimator.score(net, [items[i] for i in chunk], [noises[i] for i in chunk])
+            return p.estimator.score(net, [items[i] for i in chunk], [noises[i] for i in chunk],
+                                     forwards[j])
 
     old = ref = None
     with torch.no_grad():
         if o["updates_per_rollout"] > 1:  # the rollout policy's scores, under the same noise
-            old = torch.cat([scores(inner, c) for c in chunks])
+            old = torch.cat([scores(inner, j) for j in range(len(chunks))])
         if p.reference is not None:
-            ref = torch.cat([scores(p.reference, c) for c in chunks])
+            ref = torch.cat([scores(p.reference, j) for j in range(len(chunks))])
     sums = torch.zeros(4, dtype=torch.float64)  # loss, kl, clipped, ratio sum
     grad_norm = float("nan")
     model.train()
     for _ in range(o["updates_per_rollout"]):
         for j, chunk in enumerate(chunks):
             last = j == len(chunks) - 1
-            sync = model.no_sync() if world.distributed and not last else nullcontext()
+            # DDP skips the gradient all-reduce inside no_sync(); FSDP2 has a switch instead
+            sync = model.no_sync() if world.distributed and not last \
+                and hasattr(model, "no_sync") else nullcontext()
+            if world.distributed and hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(last)
             with sync:
-                logp = scores(model, chunk)
+                logp = scores(model, j)
                 sel = torch.tensor(list(chunk), device=world.device)
                 before = logp.detach() if old is None else old[sel]
                 surrogate, clipped = clipped_surrogate(logp, before, advantages[sel],
@@ -211,7 +235,8 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
                 if ref is not None:
                     kl = k3(logp, ref[sel], lengths[sel])
                     loss = loss + o["kl_beta"] * kl.sum() / total
-                (loss * world.world_size).backward()  # DDP averages; ours is a global sum
+                # DDP and FSDP2 average gradients over ranks; ours is a global sum
+                (loss * world.world_size).backward()
             sums += torch.stack([loss.detach().cpu(), kl.detach().sum().cpu(),
                                  clipped.sum().double().cpu(),
                                  torch.exp((logp.detach() - before) / lengths[sel]).sum().cpu()])
@@ -242,15 +267,46 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
             "rollout_s": rollout_s, "update_s": update_s, "tokens": g[9]}
 
 
+@contextmanager
+def gathered(model):
+    """Under FSDP2: the whole model unsharded for the block (one all-gather per shard group,
+    in the same order on every rank) and kept so through every forward, which then makes no
+    collective. Rollouts need it: each rank decodes its own prompts and a sampler stops when
+    its rows finish, so ranks make different numbers of forwards. Anything else: no-op."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    model.set_reshard_after_forward(False)
+    try:
+        for unit in units:
+            unit.unshard()
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        # fully_shard's defaults: every unit but the root reshards after its forward
+        model.set_reshard_after_forward(True)
+        model.set_reshard_after_forward(False, recurse=False)
+
+
 def export_policy(run_dir: Path, p: Policy, config: dict, world: World) -> Path:
     """``RUN/final``: the trained policy as a model directory of the same family, its
     ``dlmkit.json`` the SFT export's plus ``rl`` (the policy it started from)."""
     from dlmkit.models import make_readable, write_token_ids
 
     final = run_dir / "final"
+    state = None
+    if config["train"]["distributed"] == "fsdp2" and world.distributed:  # gather the shards
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(p.model, options=StateDictOptions(full_state_dict=True,
+                                                                       cpu_offload=True))
     if world.is_main:
         inner = getattr(p.model, "module", p.model)
-        inner.save_pretrained(final)
+        inner.save_pretrained(final, state_dict=state)
         p.tokenizer.save_pretrained(final)
         write_token_ids(final, p.tokenizer)
         meta = {**p.meta, "rl": {"policy": config["policy"],

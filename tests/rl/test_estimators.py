@@ -154,3 +154,31 @@ def test_unsupported_families_and_estimators_are_named():
         Estimator("causal", "one_step", mask_id=MASK, vocab_size=V + 1, family="hybrid")
     with pytest.raises(ValueError, match="block_size must be the trained block"):
         Estimator("block_elbo", "elbo", mask_id=MASK, vocab_size=V + 1, family="bd3lm")
+
+
+@pytest.mark.parametrize("likelihood,block", [("masked_elbo", None), ("block_elbo", 2)])
+def test_extra_forwards_leave_the_score_and_its_gradient_unchanged(likelihood, block):
+    """``score(..., forwards=n)`` (FSDP2: every rank makes as many forwards as the rank with
+    the most) makes exactly ``n`` forwards, with the value and gradient of the plain score."""
+    from tests.generate.helpers import TOK, tiny_model
+
+    est = Estimator(likelihood, "elbo", mask_id=TOK.mask_token_id, vocab_size=TOK.vocab_size,
+                    block_size=block)
+    items = [([5, 6, 7], [8, 9]), ([5, 6, 7], [10, 11, 12, 13]), ([5, 6], [8, 9])]
+    noises = [est.draw(len(p), len(c), torch.Generator().manual_seed(i))
+              for i, (p, c) in enumerate(items)]
+    assert est.forwards(items, noises) == 3  # three row lengths (prompt + completion)
+    model = tiny_model().double()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    results = []
+    for forwards in (0, 5):
+        calls.clear()
+        model.zero_grad()
+        total = est.score(model, items, noises, forwards)
+        total.sum().backward()
+        results.append((total.detach(), [p.grad.clone() for p in model.parameters()]))
+        assert len(calls) == max(3, forwards)
+    (plain, plain_grads), (padded, padded_grads) = results
+    assert torch.equal(plain, padded)
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, padded_grads))
