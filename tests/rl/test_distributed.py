@@ -13,7 +13,7 @@ import torch
 
 from tests.train.helpers import env, run_cli
 
-pytestmark = pytest.mark.slow  # torchrun runs: 15-25 s per test on 2 busy cores
+pytestmark = pytest.mark.slow  # torchrun runs: 11-22 s per test on 2 cores
 ROOT = Path(__file__).resolve().parents[2]
 
 
