@@ -168,7 +168,7 @@ def test_extra_forwards_leave_the_score_and_its_gradient_unchanged(likelihood, b
     noises = [est.draw(len(p), len(c), torch.Generator().manual_seed(i))
               for i, (p, c) in enumerate(items)]
     assert est.forwards(items, noises) == 3  # three row lengths (prompt + completion)
-    model = tiny_model().double()
+    model = tiny_model()
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     results = []
