@@ -148,30 +148,20 @@ def allowed(cls, f: dataclasses.Field) -> str:
         text = "a non-empty list of ints"
     elif base is str:
         text = "a string"
-    elif base is int:
+    else:  # int or float: the same bounds, said of "an int" or of "a (finite) number"
+        whole = base is int
         low, high, ends = meta.get("range", (None, None, "[]"))
+        bounded = "an int" if whole else "a finite number"
         if meta.get("positive"):
-            text = "a positive int"
+            text = "a positive int" if whole else "a finite number > 0"
         elif low is not None and high is not None:
-            text = f"an int in {_span(low, high, ends)}"
+            text = f"{'an int' if whole else 'a number'} in {_span(low, high, ends)}"
         elif low is not None:
-            text = f"an int {'>=' if ends[0] == '[' else '>'} {low!r}"
+            text = f"{bounded} {'>=' if ends[0] == '[' else '>'} {low!r}"
         elif high is not None:
-            text = f"an int {'<=' if ends[1] == ']' else '<'} {high!r}"
+            text = f"{bounded} {'<=' if ends[1] == ']' else '<'} {high!r}"
         else:
-            text = "an int"
-    else:
-        low, high, ends = meta.get("range", (None, None, "[]"))
-        if meta.get("positive"):
-            text = "a finite number > 0"
-        elif low is not None and high is not None:
-            text = f"a number in {_span(low, high, ends)}"
-        elif low is not None:
-            text = f"a finite number {'>=' if ends[0] == '[' else '>'} {low!r}"
-        elif high is not None:
-            text = f"a finite number {'<=' if ends[1] == ']' else '<'} {high!r}"
-        else:
-            text = "a finite number"
+            text = bounded
     if nullable:
         text += f" or null ({meta['null']})" if "null" in meta else " or null"
     return text
