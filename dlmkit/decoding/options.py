@@ -61,11 +61,11 @@ class SamplerConfig:
 
     def check_common(self) -> None:
         """The options every sampler takes."""
-        _int("max_new_tokens", self.max_new_tokens, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1)
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not self.temperature >= 0 or math.isinf(self.temperature)):
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        _int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0)
 
     def check(self) -> SamplerConfig:
         """The family's own checks and defaults (a copy); the base has none."""
@@ -123,7 +123,7 @@ class Steps(SamplerConfig):
             if getattr(self, "pad_to", None) is None:
                 return dataclasses.replace(self, steps=self.max_new_tokens).resolved()
         else:
-            _int("steps", self.steps, 1)
+            check_int("steps", self.steps, 1)
         return super().resolved()
 
     def block_steps(self) -> int:
@@ -230,7 +230,7 @@ class PaddedCanvas(SamplerConfig):
 
     def resolved(self) -> SamplerConfig:
         if self.pad_to is not None:
-            _int("pad_to", self.pad_to, 1)
+            check_int("pad_to", self.pad_to, 1)
         return super().resolved()
 
     def canvas_from_batch(self) -> bool:
@@ -266,7 +266,7 @@ def needs_block_size(cfg: SamplerConfig) -> None:
     if cfg.block_size is None:
         raise ValueError(f"sampler {cfg.sampler!r} needs block_size (the trained block size; it "
                          "is read from the model's dlmkit.json when there is one)")
-    _int("block_size", cfg.block_size, 1)
+    check_int("block_size", cfg.block_size, 1)
 
 
 def number(name: str, value, *, positive: bool = False) -> float:
@@ -277,10 +277,8 @@ def number(name: str, value, *, positive: bool = False) -> float:
     return float(value)
 
 
-def _int(name: str, value, minimum: int) -> int:
+def check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
-
-check_int = _int

@@ -9,6 +9,8 @@ from outside this tree. Adding a family is one folder and one line below
 
 from __future__ import annotations
 
+import dataclasses
+
 from dlmkit.families.family import Drafting, Family
 from dlmkit.families.options import describe as describe_options
 from dlmkit.families.strategy import Strategy
@@ -69,6 +71,13 @@ def training_help(name: str) -> str:
     return describe_options(family.training, family=name)
 
 
+def sampler_options() -> list[str]:
+    """Every option some family's sampler takes, each once, in the order the option classes
+    declare them (the common options first)."""
+    return list(dict.fromkeys(f.name for family in _REGISTRY.values()
+                              for f in dataclasses.fields(family.sampling)))
+
+
 def plain_causal() -> str:
     """The sampler that decodes a plain causal LM (a model directory without dlmkit.json)."""
     return next(n for n, f in _REGISTRY.items() if f.plain_causal)
@@ -80,4 +89,4 @@ def drafting() -> tuple[str, Drafting]:
 
 
 __all__ = ["DEFAULT", "Drafting", "Family", "Strategy", "drafting", "get", "names", "plain_causal",
-           "register", "sampling_class", "training_help"]
+           "register", "sampler_options", "sampling_class", "training_help"]

@@ -33,8 +33,7 @@ def sampler_config(sampler: str, **options) -> SamplerConfig:
     accepts = option_names(klass)
     unknown = sorted(set(options) - accepts)
     if unknown:
-        everywhere = set().union(*(option_names(families.get(n).sampling)
-                                   for n in families.names()))
+        everywhere = set(families.sampler_options())
         if set(unknown) <= everywhere:
             raise ValueError(f"sampler {sampler!r} does not use option(s) {unknown}; it "
                              f"accepts {sorted(accepts)}")

@@ -34,16 +34,10 @@ from lm_eval.api.registry import register_model
 
 from dlmkit import families
 from dlmkit.decoding.likelihood import ELBO_SCORERS, causal_loglikelihood, elbo
-from dlmkit.decoding.options import SamplerConfig, option_names
+from dlmkit.decoding.options import SamplerConfig
 from dlmkit.decoding.runner import Runner
 
 from .api import encode_prompt, generate, load
-
-
-def sampler_options() -> list[str]:
-    """Every option a sampler of some family takes (the registry's)."""
-    return sorted(set().union(*(option_names(families.get(n).sampling)
-                                for n in families.names())))
 
 
 def _families(scorer: str) -> list[str]:
@@ -61,11 +55,11 @@ class DlmkitLM(LM):
         super().__init__()
         if isinstance(batch_size, str) and batch_size.isdigit():  # lm-eval's --batch_size
             batch_size = int(batch_size)
-        unknown = sorted(set(options) - set(sampler_options()))
+        unknown = sorted(set(options) - set(families.sampler_options()))
         if unknown:
             raise ValueError(f"dlmkit model_args: unknown option(s) {unknown}; valid: "
                              f"pretrained, device, attention, batch_size, sampler, mc_samples, "
-                             f"chat, {', '.join(sampler_options())}")
+                             f"chat, {', '.join(sorted(families.sampler_options()))}")
         for name, value in (("batch_size", batch_size), ("mc_samples", mc_samples)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"dlmkit model_args: {name} must be an int >= 1, got {value!r}")
