@@ -582,6 +582,21 @@ def run_dir_of(work: Path, line: dict) -> Path:
                    else f"scratch-{line['family']}")
 
 
+def saved_batch(args, flag: str) -> tuple[Size, Path, str, Path, list[dict]]:
+    """What ``--rescore`` / ``--score-probe`` (``flag``) work on: ``(size, work folder, the batch
+    id its pretraining saved, the results file, its lines)``."""
+    size = SIZES[args.size]
+    work = Path(args.work).expanduser() if args.work else \
+        Path(args.cache).expanduser() / "runs" / args.size
+    saved = work / "pretrain-ar" / "bench.json"
+    if not saved.is_file():
+        raise SystemExit(f"bench/adapt.py {flag}: no {saved}; nothing of --size {args.size} was "
+                         f"run in {work}")
+    results = Path(args.results)
+    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    return size, work, json.loads(saved.read_text())["batch_id"], results, lines
+
+
 def rescore(args) -> list[dict]:
     """Score the runs of ``--work``'s batch again (after a fix to the scoring) and replace
     their scores in ``--results`` in place; what training measured (steps, wall time, load)
@@ -589,19 +604,10 @@ def rescore(args) -> list[dict]:
     import torch
 
     torch.set_num_threads(args.threads)
-    size = SIZES[args.size]
-    work = Path(args.work).expanduser() if args.work else \
-        Path(args.cache).expanduser() / "runs" / args.size
-    saved = work / "pretrain-ar" / "bench.json"
-    if not saved.is_file():
-        raise SystemExit(f"bench/adapt.py --rescore: no {saved}; nothing of --size {args.size} "
-                         f"was run in {work}")
-    batch = json.loads(saved.read_text())["batch_id"]
+    size, work, batch, results, lines = saved_batch(args, "--rescore")
     data = {name: [json.loads(x) for x in (work / "data" / f"{name}.jsonl").open()]
             for name in ("held_out", "probe")}
     held_out, probe = data["held_out"][:size.eval_entries], data["probe"][:size.probe_entries]
-    results = Path(args.results)
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
     mine = [line for line in lines if line.get("batch_id") == batch]
     if not any(line["run"] == "pretrain" for line in mine):
         raise SystemExit(f"bench/adapt.py --rescore: {results} has no pretrain line of batch "
@@ -636,17 +642,8 @@ def score_probe(args) -> list[dict]:
     from dlmkit.generate.api import load
 
     torch.set_num_threads(args.threads)
-    size = SIZES[args.size]
-    work = Path(args.work).expanduser() if args.work else \
-        Path(args.cache).expanduser() / "runs" / args.size
-    saved = work / "pretrain-ar" / "bench.json"
-    if not saved.is_file():
-        raise SystemExit(f"bench/adapt.py --score-probe: no {saved}; nothing of --size "
-                         f"{args.size} was run in {work}")
-    batch = json.loads(saved.read_text())["batch_id"]
+    size, work, batch, results, lines = saved_batch(args, "--score-probe")
     probe = [json.loads(x) for x in (work / "data" / "probe.jsonl").open()][:size.probe_entries]
-    results = Path(args.results)
-    lines = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
     todo = [line for line in lines if line.get("batch_id") == batch and "probe_bpb" not in line]
     for line in todo:
         loaded = load(run_dir_of(work, line) / "final")
