@@ -336,10 +336,10 @@ def bits_per_byte(loaded, records: list[dict], mc_samples: int) -> float:
     return -total / math.log(2) / n_bytes
 
 
-def recall(loaded, records: list[dict]) -> list[bool]:
-    """Whether the family's own sampler, greedy, decodes each record's response exactly from
-    its prompt. Fixed-length families decode on their trained canvas (``dlmkit.json``'s
-    ``pad_to``); the others get room for the response and its end marker."""
+def greedy_decode(loaded, records: list[dict]):
+    """The family's own sampler, greedy, on each record's prompt (``GenerationResult``).
+    Fixed-length families decode on their trained canvas (``dlmkit.json``'s ``pad_to``); the
+    others get room for the longest response and its end marker."""
     from dlmkit import strategies
     from dlmkit.generate.api import generate
 
@@ -350,8 +350,21 @@ def recall(loaded, records: list[dict]) -> list[bool]:
     if not fixed:
         options["max_new_tokens"] = -(-longest // block) * block
     config = loaded.config(None, **options)
-    out = generate(loaded.model, loaded.tokenizer, [r["prompt"] for r in records], config)
+    return generate(loaded.model, loaded.tokenizer, [r["prompt"] for r in records], config)
+
+
+def recall(loaded, records: list[dict]) -> list[bool]:
+    """Whether the family's own sampler, greedy, decodes each record's response exactly from
+    its prompt."""
+    out = greedy_decode(loaded, records)
     return [text == r["response"] for text, r in zip(out.texts, records)]
+
+
+def tokens_per_forward(loaded, records: list[dict]) -> float:
+    """What the family's greedy sampler (its trained defaults) decodes per forward of one
+    sequence on these prompts: the decoding speed adaptation leaves it (for idlm, how many of
+    the noisy stream's proposals the clean stream accepts; 1.0 for ``ar``)."""
+    return greedy_decode(loaded, records).tokens_per_forward
 
 
 def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples: int) -> dict:
@@ -364,12 +377,13 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
     final_bpb = bits_per_byte(loaded, held_out, mc_samples)
     probe_bpb = bits_per_byte(loaded, probe, mc_samples)
     recalled = recall(loaded, probe)
+    tpf = tokens_per_forward(loaded, held_out)
     curve = []
     for step, path in checkpoints(run_dir):
         load_step(loaded, path)
         curve.append([step, round(bits_per_byte(loaded, held_out, mc_samples), 4)])
     return {"params": params, "bpb": round(final_bpb, 4), "curve": curve,
-            "probe_bpb": round(probe_bpb, 4),
+            "probe_bpb": round(probe_bpb, 4), "tokens_per_forward": round(tpf, 3),
             # What the run trained with (its default when the bench did not set it); None:
             # the family, or this dlmkit, has no such option.
             "logit_shift": (loaded.meta.get("options") or {}).get("logit_shift"),
@@ -489,7 +503,7 @@ def run_benchmark(args) -> list[dict]:
                 "logit_shift": s["logit_shift"],
                 "params": s["params"], "steps": trained, "final_step": chosen, "bpb": s["bpb"],
                 "curve": s["curve"], "recalled": len(s["recalled"]),
-                "probe_bpb": s["probe_bpb"],
+                "probe_bpb": s["probe_bpb"], "tokens_per_forward": s["tokens_per_forward"],
                 "train_wall_s": round(wall, 1),
                 "score_wall_s": round(time.perf_counter() - start, 1),
                 "load_avg": [round(x, 2) for x in load_before]}
@@ -619,7 +633,8 @@ def rescore(args) -> list[dict]:
         s = score_run(run_dir_of(work, line), held_out, probe, size.mc_samples)
         line.update(bpb=s["bpb"], curve=s["curve"], recalled=len(s["recalled"]),
                     logit_shift=s["logit_shift"], params=s["params"],
-                    probe_bpb=s["probe_bpb"], rescored_commit=commit)
+                    probe_bpb=s["probe_bpb"], tokens_per_forward=s["tokens_per_forward"],
+                    rescored_commit=commit)
         if line["run"] == "pretrain":
             ar_bpb, ar_recalled = s["bpb"], set(s["recalled"])
             continue
@@ -688,9 +703,9 @@ def table(lines: list[dict]) -> str:
                             "weight decay), so that the probe has something to lose.")
             out[-1] += "\n"
         out.append("| family | init | logit shift | steps run | bits/byte | x AR | steps to "
-                   "<= 1.1x AR | retained / AR recalled | probe bits/byte | "
+                   "<= 1.1x AR | retained / AR recalled | probe bits/byte | tokens / forward | "
                    "curve (step: bits/byte) | train s | load, 15 min |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         # By family (FAMILIES' order), adapted runs before the from-scratch one, each group in
         # the order it was run.
         order = {f: i for i, f in enumerate(FAMILIES)}
@@ -708,10 +723,11 @@ def table(lines: list[dict]) -> str:
                                          (line.get("overrides") or {}).items())
             curve = ", ".join(f"{s}: {b:.2f}" for s, b in line["curve"])
             probe_bpb = f"{line['probe_bpb']:.3f}" if "probe_bpb" in line else ""
+            tpf = f"{line['tokens_per_forward']:.2f}" if "tokens_per_forward" in line else ""
             out.append(f"| {line['family']} | {init} | {shift} | {line['steps']} | "
                        f"{line['bpb']:.3f} | {ratio} | {within if within is not None else 'never'}"
-                       f" | {retained} | {probe_bpb} | {curve} | {line['train_wall_s']:.0f} | "
-                       f"{line['load_avg'][2]:.1f} |")
+                       f" | {retained} | {probe_bpb} | {tpf} | {curve} | "
+                       f"{line['train_wall_s']:.0f} | {line['load_avg'][2]:.1f} |")
         out.append("")
     return "\n".join(out)
 

@@ -184,7 +184,7 @@ def test_table_renders_the_newest_batch(tmp_path):
                     "train_wall_s": 5.0}),
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
               curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8,
-              probe_bpb=1.5),
+              probe_bpb=1.5, tokens_per_forward=2.345),
         _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
               curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
         _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
@@ -201,10 +201,11 @@ def test_table_renders_the_newest_batch(tmp_path):
             "(then 1.900 bits/byte, 0 probe entries recalled; 5 s), then 4 on the training "
             "entries and each probe entry x3 (lr 0.001, no weight decay)") in text
     assert "recalls 1 of 2 probe entries (their bits/byte 0.250); entries {'train': 3}, 2 " in text
-    assert ("| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 1.500 | 4: 2.30, 8: 2.10 |"
-            in text)
-    # A line from before the probe's bits/byte were measured: an empty cell.
-    assert ("| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |  | "
+    assert ("| mdlm | adapted | on | 8 | 2.100 | 1.05 | 8 | 1 / 1 | 1.500 | 2.35 | 4: 2.30, "
+            "8: 2.10 |" in text)
+    # A line from before the probe's bits/byte and the decoding speed were measured: empty
+    # cells.
+    assert ("| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |  |  | "
             "8: 3.00 |") in text
     assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |  |" in text
     rows = [row.split(" | ")[1] for row in text.splitlines() if row.startswith("| mdlm |")]
