@@ -239,8 +239,11 @@ def train(run_dir: Path, overrides: dict, threads: int, log: Path,
     """``dlmkit train --set key=value ...`` in a child process; returns its wall seconds.
     ``keep``: a run directory whose training finished with exactly these settings (its
     ``bench-train.json``) is not trained again; its recorded wall seconds are returned."""
-    args = [sys.executable, "-c", "import sys; from dlmkit.cli import main; sys.exit(main())",
-            "train", "--overwrite"]
+    # The dlmkit of this script's tree, whatever the working directory (``python -c`` puts the
+    # working directory first on sys.path: started from another checkout, the child trained
+    # with that checkout's code while the results named this one's commit).
+    args = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            "from dlmkit.cli import main; sys.exit(main())", "train", "--overwrite"]
     settings = {"output_dir": str(run_dir), "train.threads": threads, "train.progress": False,
                 "train.device": "cpu", **overrides}
     done_file = run_dir / TRAINED

@@ -313,3 +313,25 @@ def test_elbo_reads_the_trained_logit_shift(monkeypatch):
         bpb = adapt.bits_per_byte(loaded, [{"prompt": "A, n.", "response": "abcd"}], 2)
         assert bpb == pytest.approx(1 / math.log(2))  # 1 nat per byte
     assert seen == [("masked_elbo", True), ("masked_elbo", False)]
+
+
+def test_training_runs_the_dlmkit_of_the_bench_s_own_tree(tmp_path, monkeypatch):
+    """Started from another directory that has a ``dlmkit`` package (another checkout), the
+    child must still train with the code of the tree whose commit the results name."""
+    adapt = _module()
+    calls = []
+    monkeypatch.setattr(adapt.subprocess, "run", lambda args, **kw: calls.append(args) or
+                        subprocess.CompletedProcess(args, 0))
+    (tmp_path / "run").mkdir()
+    adapt.train(tmp_path / "run", {}, 1, tmp_path / "log")
+    code = calls[0][2]
+    decoy = tmp_path / "elsewhere"
+    (decoy / "dlmkit").mkdir(parents=True)
+    (decoy / "dlmkit" / "__init__.py").write_text("")
+    probe = code.replace("from dlmkit.cli import main; sys.exit(main())",
+                         "import dlmkit; print(dlmkit.__file__)")
+    assert probe != code
+    monkeypatch.undo()  # the real subprocess.run again
+    out = subprocess.run([sys.executable, "-c", probe], cwd=decoy, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert Path(out) == SCRIPT.parents[1] / "dlmkit" / "__init__.py"
