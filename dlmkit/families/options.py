@@ -15,7 +15,13 @@ an int or a float. Metadata (all optional but ``help``):
   (messages print the bounds as written: ``0.0`` or ``0``); one end only: a bound on that side
   (numbers must then be finite);
 * ``positive``: an int >= 1, or a number > 0;
-* ``null``: what ``None`` means; required exactly when the annotation allows ``None``.
+* ``null``: what ``None`` means; required exactly when the annotation allows ``None``;
+* ``regime``: ``(from scratch, adapting)``, for an option whose default depends on the regime
+  (its default is then ``None``, resolved before the strategy is built:
+  :func:`dlmkit.train.regime.resolve_regime_options`): the first value trains from a preset,
+  the second fine-tunes a checkpoint that does not record the option (a causal LM, another
+  family's export); a checkpoint that records it keeps its own value. A strategy built with the
+  option still ``None`` (outside the recipe) takes the from-scratch value.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ ENDS = ("[]", "[)", "(]", "()")
 
 def option(default, help: str, *, choices: tuple | None = None, low: float | None = None,
            high: float | None = None, ends: str = "[]", positive: bool = False,
-           null: str | None = None):
+           null: str | None = None, regime: tuple | None = None):
     """A training option: a dataclass field with its default, help text and what is allowed
     (see the module docstring). ``help`` says what the option does; where the evidence for its
     default lives is the family's docs page (docs/families/<name>.md#why-these-defaults)."""
@@ -49,12 +55,34 @@ def option(default, help: str, *, choices: tuple | None = None, low: float | Non
         metadata["range"] = (low, high, ends)
     if positive:
         metadata["positive"] = True
+    if regime is not None:
+        if default is not None or len(regime) != 2:
+            raise ValueError("an option with regime=(from scratch, adapting) has the default "
+                             f"None, got default {default!r}, regime {regime!r}")
+        metadata["regime"] = tuple(regime)
+        scratch, adapt = (_literal(v) for v in regime)
+        null = null or (f"{adapt} when fine-tuning a causal checkpoint (any without the "
+                        f"option), {scratch} from scratch; an export with it keeps its own")
     if null is not None:
         metadata["null"] = null
     if isinstance(default, (list, dict, set)):
         raise TypeError(f"option default must be immutable (a tuple, not a list), got "
                         f"{default!r}")
     return field(default=default, metadata=metadata)
+
+
+def _literal(value) -> str:
+    """``value`` as a config file writes it (``true``, ``4.0``)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def regime_options(cls) -> dict[str, tuple]:
+    """``{option: (from scratch, adapting)}`` of the options class ``cls`` whose default
+    depends on the regime (``option(..., regime=...)``); empty for untyped options."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return {}
+    return {f.name: f.metadata["regime"] for f in dataclasses.fields(cls)
+            if "regime" in f.metadata}
 
 
 class _DefaultsView(type):
@@ -249,4 +277,4 @@ def time_sampling_option(help: str = (
 def logit_shift_option(help: str = (
         "the output at position i predicts the token at i + 1, as an autoregressive "
         "checkpoint's head was trained to (docs/logit_shift.md)")):
-    return option(None, help, null="true when fine-tuning a causal checkpoint, else false")
+    return option(None, help, regime=(False, True))

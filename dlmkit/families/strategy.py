@@ -32,7 +32,7 @@ import torch
 
 from dlmkit.diffusion.corruption import corrupt_uniform
 from dlmkit.diffusion.timesteps import strata
-from dlmkit.families.options import NoOptions, TrainingOptions
+from dlmkit.families.options import NoOptions, TrainingOptions, regime_options
 from dlmkit.families.options import check as check_options
 from dlmkit.families.options import defaults as option_defaults
 from dlmkit.masks import MaskCache
@@ -100,6 +100,12 @@ class Strategy:
                                  f"{sorted(self.options) or 'none'}")
         else:
             check_options(self.options, self.config, family=self.name)
+        # An option whose default depends on the regime, still null: the recipe resolves it
+        # before building the strategy (dlmkit.train.regime.resolve_regime_options); built
+        # elsewhere, the strategy trains as from scratch.
+        for key, (scratch, _) in regime_options(self.options).items():
+            if self.config.get(key) is None:
+                self.config[key] = scratch
         if not 0 <= mask_token_id < vocab_size:
             raise ValueError(f"mask_token_id {mask_token_id} is outside the vocabulary "
                              f"[0, {vocab_size})")

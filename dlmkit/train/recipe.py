@@ -56,7 +56,7 @@ from .precision import (
 )
 from .preflight import check_attention, check_device, check_model_overrides
 from .progress import Progress, data_summary
-from .regime import lora_warning, resolve_regime, small_checkpoint_warning
+from .regime import lora_warning, resolve_regime, resolve_regime_options, small_checkpoint_warning
 from .resume import ResumePlan, data_fingerprints, plan_resume, record_data_files
 from .rundir import check_new_run_dir, check_writable, create_run_dir, lock_run_dir
 from .truncation import apply_length_cap
@@ -542,6 +542,10 @@ def build_components(config: RunConfig, world: World) -> Components:
     t, d = config.train, config.data
     strategy_options = {k: v for k, v in config.strategy.items() if k != "name"}
     strategy_cls = strategies.get(config.strategy["name"])
+    try:  # the family's options whose default depends on the regime, before its loss is built
+        adapted = resolve_regime_options(config, strategy_cls, strategy_options)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     tokenizer = load_tokenizer(d.tokenizer, allow_eos_as_pad=d.allow_eos_as_pad)
     strategy = strategy_cls(strategy_options, mask_token_id=tokenizer.mask_token_id,
                             vocab_size=tokenizer.vocab_size, loss_chunk_size=t.loss_chunk_size)
@@ -552,7 +556,7 @@ def build_components(config: RunConfig, world: World) -> Components:
     config.model.name = config.model.name or strategy.default_model
     lr_unset = t.lr is None
     try:
-        regime_line = resolve_regime(config, strategy)  # lr, weight decay, ... of the regime
+        regime_line = resolve_regime(config, strategy, adapted)  # lr, weight decay, ...
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if d.split_tokens and not len(piece_splits(tokenizer)):

@@ -39,10 +39,11 @@ def detect_regime(name: str) -> str:
     return "finetune"
 
 
-def resolve_regime(config: RunConfig, strategy) -> str:
+def resolve_regime(config: RunConfig, strategy, adapted: list[str] | None = None) -> str:
     """Fill the unset ``train`` keys the regime decides, in place: ``train.regime``, ``lr``,
     ``weight_decay`` and, for fine-tuning, ``ema_decay`` and the budget (``epochs``; the
-    warmup fraction is :func:`warmup_fraction`'s). Returns the line to print. Runs before the
+    warmup fraction is :func:`warmup_fraction`'s). Returns the line to print, which also names
+    ``adapted`` (:func:`resolve_regime_options`' settings, filled earlier). Runs before the
     budget is resolved (:mod:`.budget` turns epochs into steps, and fills an unset
     ``ema_decay`` with the family's from-scratch default)."""
     t = config.train
@@ -60,9 +61,7 @@ def resolve_regime(config: RunConfig, strategy) -> str:
     filled = [f"{key}={value:g}" for key, value in unset.items()]
     for key, value in unset.items():
         setattr(t, key, value)
-    shift = resolve_logit_shift(config, strategy)
-    if shift:
-        filled.append(shift)
+    filled += adapted or []
     what = ("a preset: trained from scratch" if detected == "scratch"
             else "a model directory with weights: a pretrained checkpoint, fine-tuned")
     forced = "" if regime == detected else f"; train.regime={regime} overrides it"
@@ -87,27 +86,43 @@ def lora_warning(config: RunConfig) -> str | None:
 
 
 
-def resolve_logit_shift(config: RunConfig, strategy) -> str | None:
-    """``strategy.logit_shift: null`` (the masked families that offer it): true when
-    fine-tuning a causal checkpoint — its head predicts the next token, and reading it that way
-    keeps what it learned (the measurement: docs/logit_shift.md) — the export's own value for a
-    checkpoint of a family that records it, false from scratch. Written into the strategy and
-    ``config`` in place; returns the ``key=value`` to announce when fine-tuning, else None."""
-    if strategy.config.get("logit_shift", False) is not None:
-        return None
-    value = False
-    if config.train.regime == "finetune":
-        meta_file = Path(str(config.model.name)) / "dlmkit.json"
+def resolve_regime_options(config: RunConfig, strategy_cls, options: dict) -> list[str]:
+    """Fill, in ``options`` (the ``strategy`` section without its name), the family's options
+    whose default depends on the regime and that are left null (``option(..., regime=(from
+    scratch, adapting))``: ``logit_shift`` of mdlm, bd3lm and scdd, ``clean_loss_weight`` of
+    idlm; why each value: docs/finetuning.md). From scratch: the first value. Fine-tuning a
+    checkpoint that records the option (an export of a family that has it): that checkpoint's
+    value. Any other checkpoint (a causal LM, another family's export): the second value. What
+    the user set is kept. Runs before the strategy is built, so its loss is built with the
+    values; returns the ``strategy.<key>=<value>`` settings to announce when fine-tuning."""
+    from dlmkit.families.options import regime_options
+
+    todo = {key: values for key, values in regime_options(strategy_cls.options).items()
+            if options.get(key) is None}
+    if not todo:
+        return []
+    name = config.model.name or strategy_cls.default_model
+    regime = detect_regime(name) if config.train.regime == "auto" else config.train.regime
+    recorded: dict = {}
+    if regime == "finetune":
+        meta_file = Path(str(name)) / "dlmkit.json"
         meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-        # A checkpoint of a family that records strategy.logit_shift keeps its own.
-        if "logit_shift" in getattr(_family_strategy(meta.get("strategy")), "options", {}):
-            value = bool((meta.get("options") or {}).get("logit_shift", False))
-        else:
-            value = True
-    strategy.config["logit_shift"] = config.strategy["logit_shift"] = value
-    if config.train.regime != "finetune":
-        return None  # from scratch there is no head to keep: nothing worth a word
-    return f"strategy.logit_shift={str(value).lower()}"
+        family = _family_strategy(meta.get("strategy"))
+        if family is not None:
+            # The options the checkpoint's family has: an export records each value it trained
+            # with (one that does not was trained with the family's from-scratch value).
+            mine = meta.get("options") or {}
+            recorded = {key: mine.get(key) for key in family.defaults()}
+    filled = []
+    for key, (scratch, adapt) in todo.items():
+        if regime != "finetune":
+            options[key] = scratch
+            continue  # from scratch there is nothing to keep: nothing worth a word
+        value = recorded[key] if key in recorded else adapt
+        value = options[key] = scratch if value is None else value
+        shown = str(value).lower() if isinstance(value, bool) else f"{value:g}"
+        filled.append(f"strategy.{key}={shown}")
+    return filled
 
 
 # The fine-tuning lr (1e-5) is the field's rate for checkpoints of 0.6 B-8 B parameters; below

@@ -28,7 +28,9 @@ FORMER_DICTS = {
              "t_min": 0.2, "time_sampling": "stratified", "logit_shift": None},
     "hybrid": {"block_size": 4, "alpha": 1.0, "corruption": "uniform", "t_min": 0.2,
                "t_max": 1.0, "time_sampling": "stratified", "half_life_ratio": 0.25},
-    "idlm": {"block_size": 4, "clean_loss_weight": 1.0, "auto_balance": False},
+    # clean_loss_weight: null since the regime decides it (from scratch 1.0, the former default;
+    # a config.yaml without the key resumes with it: dlmkit.train.resume)
+    "idlm": {"block_size": 4, "clean_loss_weight": None, "auto_balance": False},
     "bd3lm": {"block_size": 4, "t_min": 0.2, "t_max": 1.0, "time_sampling": "stratified",
               "logit_shift": None},
     "ar": {},
@@ -213,8 +215,13 @@ def _make(name, **options):
     ("block_diffusion", {"encoder_loss_weight": math.inf},
      "strategy.encoder_loss_weight must be a finite number >= 0, got inf"),
     ("mdlm", {"logit_shift": "yes"}, "strategy.logit_shift must be true, false or null (true "
-                                     "when fine-tuning a causal checkpoint, else false), got "
-                                     "'yes'"),
+                                     "when fine-tuning a causal checkpoint (any without the "
+                                     "option), false from scratch; an export with it keeps its "
+                                     "own), got 'yes'"),
+    ("idlm", {"clean_loss_weight": -1}, "strategy.clean_loss_weight must be a finite number >= "
+                                        "0 or null (4.0 when fine-tuning a causal checkpoint (any "
+                                        "without the option), 1.0 from scratch; an export with "
+                                        "it keeps its own), got -1"),
     ("mdlm", {"t_min": 0}, "strategy.t_min must be a number in (0, 1), got 0"),
     ("mdlm", {"t_min": 0.6, "t_max": 0.5}, "strategy.t_min and strategy.t_max must satisfy "
                                            "0 < t_min < t_max <= 1, got t_min=0.6, t_max=0.5"),

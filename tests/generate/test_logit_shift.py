@@ -258,8 +258,9 @@ def test_a_documents_first_token_is_never_corrupted_scored_or_counted(cls, extra
 
 def test_the_option_is_checked():
     with pytest.raises(ValueError, match=r"strategy.logit_shift must be true, false or null "
-                                         r"\(true when fine-tuning a causal checkpoint, else "
-                                         r"false\), got 1"):
+                                         r"\(true when fine-tuning a causal checkpoint \(any "
+                                         r"without the option\), false from scratch; an "
+                                         r"export with it keeps its own\), got 1"):
         MDLMStrategy({"logit_shift": 1}, mask_token_id=MASK, vocab_size=V)
     with pytest.raises(ValueError, match="logit_shift must be True or False"):
         sampler_config("mdlm", logit_shift="yes")

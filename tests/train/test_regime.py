@@ -122,3 +122,51 @@ def test_logit_shift_is_on_when_fine_tuning_a_causal_checkpoint(tmp_path):
         cfg = config(f"model.name={export}")
         build_components(cfg, CPU)
         assert cfg["strategy"]["logit_shift"] is recorded
+
+
+def test_idlm_s_clean_loss_weight_is_heavier_when_adapting_a_causal_checkpoint(tmp_path):
+    """strategy.clean_loss_weight null: 1.0 from scratch, 4.0 adapting a causal checkpoint (the
+    measurement: docs/finetuning.md), an idlm export's own value; what the user sets wins. The
+    loss is built with the resolved value, and config.yaml records it."""
+    import shutil
+
+    scratch = config(strategy="idlm")
+    c = build_components(scratch, CPU)
+    assert scratch["strategy"]["clean_loss_weight"] == 1.0
+    assert c.strategy.loss_fn.clean_loss_weight == 1.0
+    causal = config(f"model.name={tiny_target()}", strategy="idlm")
+    c = build_components(causal, CPU)
+    assert causal["strategy"]["clean_loss_weight"] == 4.0
+    assert c.strategy.loss_fn.clean_loss_weight == 4.0
+    assert "strategy.clean_loss_weight=4" in c.budget_report[0]
+    mine = config(f"model.name={tiny_target()}", "strategy.clean_loss_weight=0.2",
+                  strategy="idlm")
+    c = build_components(mine, CPU)
+    assert mine["strategy"]["clean_loss_weight"] == 0.2
+    assert c.strategy.loss_fn.clean_loss_weight == 0.2
+    assert "clean_loss_weight" not in c.budget_report[0]  # the user's value: nothing to say
+    for recorded, expected in ((2.5, 2.5), (None, 1.0)):  # None: an export from before the key
+        export = tmp_path / f"idlm-{recorded}"
+        shutil.copytree(tiny_target(), export)
+        options = {"block_size": 4} if recorded is None else {"clean_loss_weight": recorded}
+        (export / "dlmkit.json").write_text(json.dumps({"strategy": "idlm",
+                                                        "options": options}))
+        cfg = config(f"model.name={export}", strategy="idlm")
+        c = build_components(cfg, CPU)
+        assert cfg["strategy"]["clean_loss_weight"] == expected
+        assert c.strategy.loss_fn.clean_loss_weight == expected
+    # a bd3lm export is not an idlm checkpoint: it is adapted, as a causal LM is
+    export = tmp_path / "bd3lm"
+    shutil.copytree(tiny_target(), export)
+    (export / "dlmkit.json").write_text(json.dumps({"strategy": "bd3lm",
+                                                    "options": {"logit_shift": True}}))
+    cfg = config(f"model.name={export}", strategy="idlm")
+    build_components(cfg, CPU)
+    assert cfg["strategy"]["clean_loss_weight"] == 4.0
+
+
+def test_a_strategy_built_outside_the_recipe_trains_as_from_scratch():
+    assert strategies.get("idlm")({}, mask_token_id=0, vocab_size=8).loss_fn \
+        .clean_loss_weight == 1.0
+    assert strategies.get("bd3lm")({}, mask_token_id=0, vocab_size=8).config["logit_shift"] \
+        is False

@@ -32,8 +32,9 @@ class IDLMTraining(TrainingOptions):
 
     block_size: int = block_size_option(
         4, "the noisy block: the stride the sampler proposes; recorded in dlmkit.json")
-    clean_loss_weight: float = train_option(
-        1.0, "weight of the clean stream's next-token loss (the stream that decodes; the "
-             "paper's early value: 0.2)", low=0)
+    clean_loss_weight: float | None = train_option(
+        None, "weight of the clean stream's next-token loss (the stream that decodes; the "
+              "paper's early value: 0.2); adapting a causal LM, a heavier clean loss keeps "
+              "what it knew", low=0, regime=(1.0, 4.0))
     auto_balance: bool = train_option(
         False, "weight the clean loss by CE_noisy / CE_clean instead of clean_loss_weight")
