@@ -390,6 +390,9 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
             # What the run trained with (its default when the bench did not set it); None:
             # the family, or this dlmkit, has no such option.
             "logit_shift": (loaded.meta.get("options") or {}).get("logit_shift"),
+            # Every strategy option it trained with (dlmkit.json): a default that depends on
+            # the regime or changed since is read here, not guessed from the overrides.
+            "strategy_options": loaded.meta.get("options") or {},
             "recalled": [r["prompt"] for r, ok in zip(probe, recalled) if ok]}
 
 
@@ -503,7 +506,7 @@ def run_benchmark(args) -> list[dict]:
         s = score_run(run_dir, held_out, probe, size.mc_samples)
         trained, chosen = steps_of(run_dir)
         line = {**base, "run": kind, "family": family, "run_dir": run_dir.name,
-                "logit_shift": s["logit_shift"],
+                "logit_shift": s["logit_shift"], "strategy_options": s["strategy_options"],
                 "params": s["params"], "steps": trained, "final_step": chosen, "bpb": s["bpb"],
                 "curve": s["curve"], "recalled": len(s["recalled"]),
                 "probe_bpb": s["probe_bpb"], "tokens_per_forward": s["tokens_per_forward"],
@@ -635,7 +638,8 @@ def rescore(args) -> list[dict]:
     for line in sorted(mine, key=lambda x: x["run"] != "pretrain"):
         s = score_run(run_dir_of(work, line), held_out, probe, size.mc_samples)
         line.update(bpb=s["bpb"], curve=s["curve"], recalled=len(s["recalled"]),
-                    logit_shift=s["logit_shift"], params=s["params"],
+                    logit_shift=s["logit_shift"], strategy_options=s["strategy_options"],
+                    params=s["params"],
                     probe_bpb=s["probe_bpb"], tokens_per_forward=s["tokens_per_forward"],
                     rescored_commit=commit)
         if line["run"] == "pretrain":
