@@ -70,11 +70,14 @@ def print_config(config: RunConfig) -> None:
     from dlmkit import families, strategies
     from dlmkit.data import load_tokenizer
     from dlmkit.train.config import commented_yaml
+    from dlmkit.train.regime import resolve_regime_options
 
     d = config.data
     cls = strategies.get(config.strategy["name"])
     tokenizer = load_tokenizer(d.tokenizer, allow_eos_as_pad=d.allow_eos_as_pad)
     options = {k: v for k, v in config.strategy.items() if k != "name"}
+    # the options whose default depends on the regime, as the run would resolve them
+    resolve_regime_options(config, cls, options)
     strategy = cls(options, mask_token_id=tokenizer.mask_token_id,
                    vocab_size=tokenizer.vocab_size,
                    loss_chunk_size=config.train.loss_chunk_size)

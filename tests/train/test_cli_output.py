@@ -18,7 +18,7 @@ import yaml
 
 from dlmkit.cli import main
 
-from .helpers import cli_args, cli_subprocess, env, losses, records
+from .helpers import cli_args, cli_subprocess, env, losses, records, tiny_target
 
 
 @pytest.mark.slow  # a training subprocess interrupted, then resumed: ~20 s on 2 busy cores
@@ -139,7 +139,9 @@ def test_print_config_lists_every_strategy_and_checks_options(capsys):
     main(["train", "--print-config"])
     out = capsys.readouterr().out
     config = yaml.safe_load(out)
-    assert config["strategy"] == {"name": "bd3lm", **strategies.get("bd3lm").options}
+    # as the run resolves them: logit_shift's null is false for a preset (from scratch)
+    assert config["strategy"] == {"name": "bd3lm", **strategies.get("bd3lm").options,
+                                  "logit_shift": False}
     for name in strategies.names():  # each family's options, default, allowed values, help
         assert f"#   strategy.<option> of {name}:" in out
     scdd = out.split("#   strategy.<option> of scdd:", 1)[1]
@@ -284,3 +286,12 @@ def test_dlmkit_warnings_print_as_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "\nwarning: train.master_dtype=bfloat16: the trained weights" in f"\n{err}"
     assert "UserWarning" not in err
+
+
+def test_print_config_resolves_the_regime_s_options_as_the_run_would(capsys):
+    main(["train", "--print-config", "--set", f"model.name={tiny_target()}", "--set",
+          "strategy.name=idlm"])
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["strategy"]["clean_loss_weight"] == 4.0  # adapting a causal checkpoint
+    main(["train", "--print-config", "--set", "strategy.name=idlm"])
+    assert yaml.safe_load(capsys.readouterr().out)["strategy"]["clean_loss_weight"] == 1.0
