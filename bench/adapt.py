@@ -686,7 +686,11 @@ def table(lines: list[dict]) -> str:
         newest = max(line["batch_id"] for line in mine)
         batch = [line for line in mine if line["batch_id"] == newest]
         pre = next((line for line in batch if line["run"] == "pretrain"), None)
-        out.append(f"### size `{size}` (batch {newest}, commit {batch[0]['commit']})\n")
+        # runs added to a batch later (--reuse-pretrain) may come from later code: every
+        # commit, in the order first used (each line names its own)
+        commits = list(dict.fromkeys(line["commit"] or "?" for line in batch))
+        out.append(f"### size `{size}` (batch {newest}, commit{'s' * (len(commits) > 1)} "
+                   f"{', '.join(commits)})\n")
         if pre is not None:
             out.append(f"Pretrained AR: {pre['params']:,} parameters ({pre['model']}), "
                        f"{pre['steps']} steps, held-out **{pre['bpb']:.3f} bits/byte**, recalls "

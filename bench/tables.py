@@ -477,6 +477,56 @@ def adapt(results: Path) -> str:
     return _bench_module("adapt").table(load("adapt.jsonl", results))
 
 
+# The settings an adapted idlm / ar run may vary in this table, and how a row names them.
+ADAPT_SWEEP = ("train.lr", "strategy.clean_loss_weight", "strategy.auto_balance", "seed")
+
+
+@table("adapt-retention")
+def adapt_retention(results: Path) -> str:
+    """docs/results/adapt.jsonl, the newest batch: idlm adapted at each learning rate and
+    clean-stream weight (``strategy.auto_balance``: the paper's automatic weight), against
+    ``ar`` continued at the same rate, whatever the seed: what each keeps of the memorised
+    probe entries, the held-out and probe bits/byte (median over seeds) and the decoding speed
+    adaptation left (greedy tokens per forward on held-out prompts)."""
+    lines = load("adapt.jsonl", results)
+    newest = max(r["batch_id"] for r in lines)
+    groups: dict[tuple, list[dict]] = {}
+    for r in lines:
+        o = r.get("overrides") or {}
+        if (r["batch_id"] != newest or r["run"] != "adapted" or r["family"] not in ("idlm", "ar")
+                or "tokens_per_forward" not in r or set(o) - set(ADAPT_SWEEP)):
+            continue
+        # What the run trained with (newer lines record every option; the older ones
+        # name what they set, the rest being 1.0 and no auto_balance, the defaults then)
+        trained = r.get("strategy_options") or {
+            "clean_loss_weight": o.get("strategy.clean_loss_weight", 1.0),
+            "auto_balance": o.get("strategy.auto_balance", False)}
+        weight = ("auto" if trained["auto_balance"] else f"{trained['clean_loss_weight']:g}") \
+            if r["family"] == "idlm" else "n/a"
+        key = (r["family"], o.get("train.lr", 1e-5), r["steps"], weight)
+        groups.setdefault(key, []).append(r)
+
+    def order(key):
+        family, lr, steps, weight = key
+        return (lr, steps, family != "ar", weight == "auto",
+                float(weight) if weight not in ("auto", "n/a") else 0.0)
+
+    out = []
+    for key in sorted(groups, key=order):
+        family, lr, steps, weight = key
+        rows = sorted(groups[key], key=lambda r: (r.get("overrides") or {}).get("seed", 0))
+        kept = ", ".join(str(r["retained"]) for r in rows)
+        share = statistics.median(r["retained"] for r in rows) / rows[0]["ar_recalled"]
+        out.append([family, f"{lr:g}", str(steps), weight, str(len(rows)),
+                    f"{kept} of {rows[0]['ar_recalled']}", f"{100 * share:.0f}%",
+                    f"{statistics.median(r['bpb'] for r in rows):.3f}",
+                    f"{statistics.median(r['probe_bpb'] for r in rows):.3f}",
+                    f"{statistics.median(r['tokens_per_forward'] for r in rows):.2f}"])
+    return markdown(["family", "lr", "steps", "clean-loss weight", "seeds",
+                     "retained (per seed)", "of AR's recall", "bits/byte", "probe bits/byte",
+                     "tokens / forward"], out, "lrrlrrrrrr")
+
+
 def _adapt_markers() -> tuple[str, str]:
     module = _bench_module("adapt")
     return module.TABLE_BEGIN, module.TABLE_END

@@ -197,6 +197,10 @@ def test_table_renders_the_newest_batch(tmp_path):
     doc.write_text(f"intro\n{adapt.TABLE_BEGIN}\nold\n{adapt.TABLE_END}\noutro\n")
     text = adapt.write_table(results, doc)
     assert "9.000" not in text  # batch B1 is older
+    assert "### size `smoke` (batch B2, commit abc)" in text
+    lines[-1]["commit"] = "def"  # a run added to the batch by later code
+    results.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert "### size `smoke` (batch B2, commits abc, def)" in adapt.write_table(results, doc)
     assert ("The 12 steps: 8 from scratch on the training entries and each probe entry x2 "
             "(then 1.900 bits/byte, 0 probe entries recalled; 5 s), then 4 on the training "
             "entries and each probe entry x3 (lr 0.001, no weight decay)") in text
