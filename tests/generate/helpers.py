@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import torch
@@ -15,11 +16,19 @@ STOPS = tuple(TOK.stop_token_ids)
 
 
 @functools.lru_cache(maxsize=2)
-def tiny_model(seed: int = 0):
+def _tiny_prototype(seed: int):
     from dlmkit.models import build_model
 
     torch.manual_seed(seed)
     return build_model("tiny-llama", V, attention="sdpa").eval()
+
+
+def tiny_model(seed: int = 0):
+    """A seeded random tiny Llama, a copy of one built once per seed: a test may convert it
+    (``.double()`` converts in place), hook it or train it without touching the next test's
+    model (a shared instance once made a later test's DFlash pair fail with a double/float
+    matmul)."""
+    return copy.deepcopy(_tiny_prototype(seed))
 
 
 def prompt_ids(*texts: str) -> list[list[int]]:
