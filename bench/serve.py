@@ -203,7 +203,8 @@ def profile_batch(path: Path, bodies: list[dict], rows: int = 16, repeats: int =
 
 
 def start_server(path: Path, port: int, threads: int, max_batch: int,
-                 log: Path, access_log: bool = True) -> subprocess.Popen:
+                 log: Path, access_log: bool = True,
+                 wait_ms: float | None = None) -> subprocess.Popen:
     """The server, its output (an access line per request) into ``log``: a pipe nobody
     reads would fill and stall it."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -212,7 +213,8 @@ def start_server(path: Path, port: int, threads: int, max_batch: int,
             [sys.executable, "-m", "dlmkit.cli", "serve", "--model", str(path), "--port",
              str(port), "--threads", str(threads), "--device", "cpu", "--model-name", "bench",
              "--batch-size", str(max_batch), "--max-queue", "1024",
-             "--access-log" if access_log else "--no-access-log"],
+             "--access-log" if access_log else "--no-access-log",
+             *(["--batch-wait-ms", str(wait_ms)] if wait_ms is not None else [])],
             env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -283,11 +285,13 @@ def run_clients(port: int, bodies: list[dict], clients: int,
     clock: list[float] = []
     asyncio.run(_clients(port, bodies, clients, answers, latencies, clock))
     failed, tokens, correct, agree = 0, 0, 0, 0
+    rows = []  # the size of the batch each answered request was decoded in
     for i, answer in enumerate(answers):
         if answer is None:
             failed += 1
             continue
         tokens += answer["usage"]["completion_tokens"]
+        rows.append(answer["dlmkit"]["batch_rows"])
         if references is not None:
             correct += exact_match(answer["choices"][0]["text"], references[i])
         if serial_tokens is not None:
@@ -299,7 +303,8 @@ def run_clients(port: int, bodies: list[dict], clients: int,
            "tokens_per_s": round(tokens / wall, 1),
            "p50_s": round(statistics.median(latencies), 4),
            "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 4),
-           "failed": failed}
+           "failed": failed,
+           "batch_rows": round(statistics.mean(rows), 2) if rows else None}
     if references is not None:
         row["exact_match"] = round(correct / len(bodies), 4)
     if serial_tokens is not None:
@@ -357,6 +362,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, server and serial")
     parser.add_argument("--max-batch", type=int, default=64, help="dlmkit serve --batch-size")
+    parser.add_argument("--batch-wait-ms", type=float, default=None,
+                        help="dlmkit serve --batch-wait-ms (default: the server's)")
     parser.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                         help="dlmkit serve --access-log / --no-access-log (uvicorn's line per "
                              "request)")
@@ -371,6 +378,8 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}")
+    if args.batch_wait_ms is not None and not args.batch_wait_ms >= 0:
+        raise SystemExit(f"error: --batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
     if any(c < 1 for c in args.clients):
         raise SystemExit(f"error: --clients must all be >= 1, got {args.clients}")
     if args.task is not None:
@@ -433,7 +442,7 @@ def main(argv=None) -> int:
             port = free_port()
             server = start_server(path, port, args.threads, args.max_batch,
                                   Path(root) / f"server-{label.replace('/', '-')}.log",
-                                  access_log=args.access_log)
+                                  access_log=args.access_log, wait_ms=args.batch_wait_ms)
             try:
                 post(port, bodies[0])  # warm-up
                 for number, clients in enumerate(args.clients):
@@ -443,6 +452,7 @@ def main(argv=None) -> int:
                            "model": str(given.get(label, "tiny-llama random weights")),
                            "options": options[label], "task": args.task, "clients": clients,
                            "access_log": args.access_log,
+                           "batch_wait_ms": args.batch_wait_ms,
                            "requests": args.requests, "max_tokens": args.max_tokens,
                            **run_clients(port, bodies, clients, references, serial_tokens),
                            "serial_tokens_per_s": round(serial_tps, 1)}

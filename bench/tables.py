@@ -405,6 +405,31 @@ def serve_quiet(results: Path) -> str:
                     "lrlrrrrrrl")
 
 
+@table("serve-wait")
+def serve_wait(results: Path) -> str:
+    """docs/results/serve_wait.jsonl: ``dlmkit serve --batch-wait-ms`` 5 (the former default),
+    0, 1 and 2, alternating, per served model and client count: the median and range of
+    tokens/s over the runs, the median ratio to serial, batch rows per request, p50 latency."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in load("serve_wait.jsonl", results):
+        groups.setdefault((r["clients"], r["label"], r["batch_wait_ms"]), []).append(r)
+    out = []
+    for (clients, label, wait), rows in sorted(groups.items()):
+        speed = sorted(r["tokens_per_s"] for r in rows)
+        loads = sorted(r["load_before"] for r in rows)
+        out.append([label, str(clients), f"{wait:g}", str(len(rows)),
+                    f"{statistics.median(speed):.0f}", f"{speed[0]:.0f}–{speed[-1]:.0f}",
+                    f"{statistics.median(r['vs_serial'] for r in rows):.2f}",
+                    f"{statistics.median(r['batch_rows'] for r in rows):.1f}",
+                    f"{1000 * statistics.median(r['p50_s'] for r in rows):.1f}",
+                    str(sum(r["failed"] for r in rows)),
+                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
+                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+    return markdown(["served model", "clients", "wait ms", "runs", "tokens/s (median)", "range",
+                     "× serial (median)", "batch rows", "p50 ms", "failed", "exact match",
+                     "load"], out, "lrrrrrrrrrrl")
+
+
 @table("serve-profile")
 def serve_profile(results: Path) -> str:
     """The newest profiled run's batches (``bench/serve.py --profile``): one batch of 16

@@ -46,8 +46,10 @@ def add_parser(subparsers) -> None:
                              "directory's name, RUN of RUN/final)")
     server.add_argument("--max-queue", type=int, default=256,
                         help="most requests waiting; past it a request gets 429")
-    server.add_argument("--batch-wait-ms", type=float, default=5.0,
-                        help="how long a batch's first request waits for companions")
+    server.add_argument("--batch-wait-ms", type=float, default=1.0,
+                        help="how long a batch's first request waits for companions (requests "
+                             "that arrive while a batch decodes join the next one anyway; "
+                             "the default's measurement: docs/serving.md)")
     server.add_argument("--threads", type=int,
                         help="torch intra-op threads (default: torch's choice)")
     server.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,

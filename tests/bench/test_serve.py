@@ -58,7 +58,7 @@ def test_a_small_scored_run_end_to_end(tmp_path):
     out = tmp_path / "serve.jsonl"
     assert _module().main(["--family", "ar", "--clients", "1", "3", "--requests", "6",
                            "--max-tokens", "4", "--task", "reverse", "--profile",
-                           "--output", str(out)]) == 0
+                           "--batch-wait-ms", "0", "--output", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["bench"] for r in rows] == ["serve_profile", "serve", "serve"]
     profile = rows[0]
@@ -69,3 +69,5 @@ def test_a_small_scored_run_end_to_end(tmp_path):
         assert row["agree_serial"] == 1.0  # batching changed no request's tokens
         assert 0 <= row["exact_match"] <= 1 and row["tokens"] > 0
     assert [r["clients"] for r in rows[1:]] == [1, 3]
+    assert rows[1]["batch_rows"] == 1 and 1 <= rows[2]["batch_rows"] <= 3  # one client: alone
+    assert all(r["batch_wait_ms"] == 0 for r in rows[1:])
