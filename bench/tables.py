@@ -405,6 +405,33 @@ def serve_quiet(results: Path) -> str:
                     "lrlrrrrrrl")
 
 
+@table("serve-long")
+def serve_long(results: Path) -> str:
+    """docs/results/serve_long.jsonl: exports trained on the bundled ``copy`` task (answers of
+    32 characters and the stop token), three runs, per served model and client count: the
+    median and range of tokens/s, the median ratio to serial, batch rows per request."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in load("serve_long.jsonl", results):
+        if r["bench"] == "serve":  # not the profile lines (the prose cites them)
+            groups.setdefault((r["clients"], r["label"]), []).append(r)
+    out = []
+    for (clients, label), rows in sorted(groups.items()):
+        speed = sorted(r["tokens_per_s"] for r in rows)
+        ratio = sorted(r["vs_serial"] for r in rows)
+        loads = sorted(r["load_before"] for r in rows)
+        out.append([label, str(clients), str(len(rows)), f"{statistics.median(speed):.0f}",
+                    f"{speed[0]:.0f}–{speed[-1]:.0f}", f"{statistics.median(ratio):.2f}",
+                    f"{ratio[0]:.2f}–{ratio[-1]:.2f}",
+                    f"{statistics.median(r['serial_tokens_per_s'] for r in rows):.0f}",
+                    f"{statistics.median(r['batch_rows'] for r in rows):.1f}",
+                    str(sum(r["failed"] for r in rows)),
+                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
+                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+    return markdown(["served model", "clients", "runs", "tokens/s (median)", "range",
+                     "× serial (median)", "range", "serial tokens/s", "batch rows", "failed",
+                     "exact match", "load"], out, "lrrrrrrrrrrl")
+
+
 @table("serve-wait")
 def serve_wait(results: Path) -> str:
     """docs/results/serve_wait.jsonl: ``dlmkit serve --batch-wait-ms`` 5 (the former default),
