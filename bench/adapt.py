@@ -339,28 +339,39 @@ def bits_per_byte(loaded, records: list[dict], mc_samples: int) -> float:
     return -total / math.log(2) / n_bytes
 
 
-def greedy_decode(loaded, records: list[dict]):
-    """The family's own sampler, greedy, on each record's prompt (``GenerationResult``).
-    Fixed-length families decode on their trained canvas (``dlmkit.json``'s ``pad_to``); the
-    others get room for the longest response and its end marker."""
+def greedy_decode(loaded, records: list[dict], sampler: str | None = None):
+    """The family's own sampler (or ``sampler``), greedy, on each record's prompt
+    (``GenerationResult``). Fixed-length families decode on their trained canvas
+    (``dlmkit.json``'s ``pad_to``); the others get room for the longest response and its end
+    marker."""
     from dlmkit import strategies
     from dlmkit.generate.api import generate
 
-    fixed = strategies.get(loaded.meta["strategy"]).fixed_length
+    fixed = strategies.get(loaded.meta["strategy"]).fixed_length and sampler is None
     longest = max(len(r["response"].encode()) for r in records) + 1
-    block = int(loaded.meta.get("block_size") or 1)
+    block = int(loaded.meta.get("block_size") or 1) if sampler is None else 1
     options = {"temperature": 0.0}
     if not fixed:
         options["max_new_tokens"] = -(-longest // block) * block
-    config = loaded.config(None, **options)
+    config = loaded.config(sampler, **options)
     return generate(loaded.model, loaded.tokenizer, [r["prompt"] for r in records], config)
 
 
-def recall(loaded, records: list[dict]) -> list[bool]:
-    """Whether the family's own sampler, greedy, decodes each record's response exactly from
-    its prompt."""
-    out = greedy_decode(loaded, records)
+def recall(loaded, records: list[dict], sampler: str | None = None) -> list[bool]:
+    """Whether the family's own sampler (or ``sampler``), greedy, decodes each record's
+    response exactly from its prompt."""
+    out = greedy_decode(loaded, records, sampler)
     return [text == r["response"] for text, r in zip(out.texts, records)]
+
+
+def causal_sampler(family: str) -> str | None:
+    """The plain causal sampler that also decodes ``family``'s exports exactly (hybrid's and
+    idlm's clean stream, read token by token), when it is not the family's own sampler."""
+    from dlmkit import families
+
+    record = families.get(family)
+    return next((name for name in record.also_decoded_by
+                 if name != family and families.get(name).plain_causal), None)
 
 
 def tokens_per_forward(loaded, records: list[dict]) -> float:
@@ -380,6 +391,11 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
     final_bpb = bits_per_byte(loaded, held_out, mc_samples)
     probe_bpb = bits_per_byte(loaded, probe, mc_samples)
     recalled = recall(loaded, probe)
+    # What the clean causal stream kept, read token by token by the causal sampler: hybrid's
+    # own sampler decodes with its diffusion stream (idlm's commits the causal stream's tokens,
+    # so there the two agree)
+    causal = causal_sampler(loaded.meta["strategy"])
+    by_causal = recall(loaded, probe, causal) if causal else None
     tpf = tokens_per_forward(loaded, held_out)
     curve = []
     for step, path in checkpoints(run_dir):
@@ -393,7 +409,9 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
             # Every strategy option it trained with (dlmkit.json): a default that depends on
             # the regime or changed since is read here, not guessed from the overrides.
             "strategy_options": loaded.meta.get("options") or {},
-            "recalled": [r["prompt"] for r, ok in zip(probe, recalled) if ok]}
+            "recalled": [r["prompt"] for r, ok in zip(probe, recalled) if ok],
+            "recalled_causal": None if by_causal is None else
+            [r["prompt"] for r, ok in zip(probe, by_causal) if ok]}
 
 
 def steps_of(run_dir: Path) -> tuple[int, int]:
@@ -517,6 +535,8 @@ def run_benchmark(args) -> list[dict]:
             kept = ar_recalled & set(s["recalled"])
             line["retained"] = len(kept)
             line["ar_recalled"] = len(ar_recalled)
+            if s["recalled_causal"] is not None:
+                line["retained_causal"] = len(ar_recalled & set(s["recalled_causal"]))
         if ar_bpb is not None:
             line["ar_bpb"] = ar_bpb
             line["steps_within_10pct"] = next(
@@ -651,6 +671,8 @@ def rescore(args) -> list[dict]:
         if line["run"] == "adapted":
             line["retained"] = len(ar_recalled & set(s["recalled"]))
             line["ar_recalled"] = len(ar_recalled)
+            if s["recalled_causal"] is not None:
+                line["retained_causal"] = len(ar_recalled & set(s["recalled_causal"]))
         print(json.dumps(line), flush=True)
     results.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return mine
@@ -728,6 +750,8 @@ def table(lines: list[dict]) -> str:
             within = line.get("steps_within_10pct")
             retained = (f"{line['retained']} / {line['ar_recalled']}" if "retained" in line
                         else f"({line['recalled']} recalled)")
+            if "retained_causal" in line:
+                retained += f" (causal stream: {line['retained_causal']})"
             shift = {None: "n/a", False: "off", True: "on"}.get(line["logit_shift"],
                                                                 str(line["logit_shift"]))
             init = line["run"] + "".join(f", {k}={v}" for k, v in

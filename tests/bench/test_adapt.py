@@ -185,6 +185,8 @@ def test_table_renders_the_newest_batch(tmp_path):
         _line(adapt, run="adapted", family="mdlm", logit_shift=True, bpb=2.1, ar_bpb=2.0,
               curve=[[4, 2.3], [8, 2.1]], retained=1, ar_recalled=1, steps_within_10pct=8,
               probe_bpb=1.5, tokens_per_forward=2.345),
+        _line(adapt, run="adapted", family="hybrid", bpb=2.2, ar_bpb=2.0, curve=[[8, 2.2]],
+              retained=0, retained_causal=1, ar_recalled=1, steps_within_10pct=8),
         _line(adapt, run="scratch", family="mdlm", bpb=4.0, ar_bpb=2.0,
               curve=[[4, 5.0], [8, 4.0]], steps_within_10pct=None),
         _line(adapt, run="adapted", family="mdlm", bpb=3.0, ar_bpb=2.0, curve=[[8, 3.0]],
@@ -212,6 +214,8 @@ def test_table_renders_the_newest_batch(tmp_path):
     assert ("| mdlm | adapted, train.lr=0.001 | n/a | 8 | 3.000 | 1.50 | never | 0 / 1 |  |  | "
             "8: 3.00 |") in text
     assert "| mdlm | scratch | n/a | 8 | 4.000 | 2.00 | never | (1 recalled) |  |" in text
+    # hybrid: its own sampler kept nothing, its causal stream (read by `ar`) one entry
+    assert "| 8 | 0 / 1 (causal stream: 1) |" in text
     rows = [row.split(" | ")[1] for row in text.splitlines() if row.startswith("| mdlm |")]
     assert rows == ["adapted", "adapted, train.lr=0.001", "scratch"]
     page = doc.read_text()
@@ -317,6 +321,12 @@ def test_elbo_reads_the_trained_logit_shift(monkeypatch):
         bpb = adapt.bits_per_byte(loaded, [{"prompt": "A, n.", "response": "abcd"}], 2)
         assert bpb == pytest.approx(1 / math.log(2))  # 1 nat per byte
     assert seen == [("masked_elbo", True), ("masked_elbo", False)]
+
+
+def test_the_causal_sampler_of_a_family_with_a_causal_stream():
+    adapt = _module()
+    assert adapt.causal_sampler("hybrid") == "ar" and adapt.causal_sampler("idlm") == "ar"
+    assert adapt.causal_sampler("bd3lm") is None and adapt.causal_sampler("ar") is None
 
 
 def test_training_runs_the_dlmkit_of_the_bench_s_own_tree(tmp_path, monkeypatch):
