@@ -59,6 +59,53 @@ def causal_loglikelihood(runner: Runner, rows: Sequence[tuple[Sequence[int], Seq
     return out
 
 
+LAYOUTS = ("causal", "masked", "block")
+
+
+def score_rows(layout: str, p: int, n: int, *, block_size: int | None = None,
+               shift: int = 0, device=None) -> torch.Tensor:
+    """``[n]``: the row of the model's output that predicts each continuation token (columns
+    ``p .. p + n - 1`` of a prompt of ``p`` tokens) in ``layout``:
+
+    * ``causal``: the position before it;
+    * ``masked`` (one stream over ``x_t``): itself, or with ``shift`` the position before it;
+    * ``block`` (``[x_t | x_0]``, ``2 (p + n)`` rows): itself in the noisy stream, or with
+      ``shift`` the noisy row before it, and for a block's first token the clean stream's row
+      before it (the block before it is clean context there).
+
+    The one definition the scorers here and the rl estimator (:mod:`dlmkit.rl.estimators`)
+    read their log-probs by."""
+    columns = torch.arange(p, p + n, device=device)
+    if layout == "causal":
+        return columns - 1
+    if layout == "masked" or not shift:
+        return columns - shift
+    if layout != "block":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return torch.where(columns % block_size == 0, p + n + columns - 1, columns - 1)
+
+
+def layout_attention(layout: str, length: int, *, block_size: int | None = None,
+                     device=None):
+    """``(mask, positions [L'])`` of one unpadded row of ``layout`` for a sequence of
+    ``length`` tokens (``block``: the row is ``[x_t | x_0]``, ``2 * length`` tokens, both
+    halves at positions ``0 .. length - 1``)."""
+    positions = torch.arange(length, device=device)
+    if layout == "causal":
+        from dlmkit.masks.causal import padded_causal
+
+        return padded_causal(length, None, device=device), positions
+    if layout == "masked":
+        from dlmkit.masks.bidirectional import bidirectional
+
+        return bidirectional(length, None, device=device), positions
+    if layout == "block":
+        from dlmkit.masks import block_diffusion
+
+        return block_diffusion(length, block_size, None, device=device), positions.repeat(2)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
 def _check_shift(logit_shift, prompt: Sequence[int]) -> int:
     if not isinstance(logit_shift, bool):
         raise TypeError(f"logit_shift must be True or False, got {logit_shift!r}")
@@ -76,8 +123,6 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
     """The Monte-Carlo masked-diffusion ELBO of ``continuation`` after ``prompt`` (see the
     module docstring); ``samples`` draws, at most ``batch_size`` per forward.
     ``exclude_mask``: log-probs over the non-mask tokens (``masked_elbo_nonmask``)."""
-    from dlmkit.masks.bidirectional import bidirectional
-
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     if not isinstance(exclude_mask, bool):
@@ -86,6 +131,8 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
     n, p = len(continuation), len(prompt)
     seq = torch.tensor(list(prompt) + list(continuation), device=runner.device)
     target = seq[p:]
+    mask, pos = layout_attention("masked", p + n, device=runner.device)
+    rows = score_rows("masked", p, n, shift=shift, device=runner.device)
     total = 0.0
     for at in range(0, samples, batch_size):
         count = min(batch_size, samples - at)
@@ -94,9 +141,7 @@ def masked_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[in
         masked = (order < drawn.unsqueeze(1).to(order.device)).to(runner.device)
         x = seq.repeat(count, 1)
         x[:, p:] = torch.where(masked, mask_id, target)
-        pos = torch.arange(p + n, device=runner.device).expand(count, -1)
-        logits = runner(x, bidirectional(p + n, None, device=runner.device),
-                        pos)[:, p - shift:p + n - shift]
+        logits = runner(x, mask, pos.expand(count, -1))[:, rows]
         if exclude_mask:
             logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
                                                float("-inf"))
@@ -112,8 +157,6 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
                batch_size: int = 32, logit_shift: bool = False) -> float:
     """The Monte-Carlo block-diffusion ELBO of ``continuation`` after ``prompt`` (see the
     module docstring); ``samples`` draws, at most ``batch_size`` per forward."""
-    from dlmkit.masks import block_diffusion
-
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -127,13 +170,9 @@ def block_elbo(runner: Runner, prompt: Sequence[int], continuation: Sequence[int
     block = block - block[0]  # 0 .. number of blocks with continuation tokens - 1
     sizes = torch.bincount(block)  # n_b
     start = torch.cumsum(sizes, 0) - sizes
-    layout = block_diffusion(p + n, block_size, None, device=runner.device)
-    positions = torch.arange(p + n, device=runner.device).repeat(2)
-    # The row of [x_t | x_0] that predicts each continuation token: itself, or shifted the
-    # noisy row before it, and for a block's first token the clean stream's row before it.
-    columns = torch.arange(p, p + n, device=runner.device)
-    rows = columns if not shift else torch.where(columns % block_size == 0,
-                                                 p + n + columns - 1, columns - 1)
+    layout, positions = layout_attention("block", p + n, block_size=block_size,
+                                         device=runner.device)
+    rows = score_rows("block", p, n, block_size=block_size, shift=shift, device=runner.device)
     total = 0.0
     for at in range(0, samples, batch_size):
         count = min(batch_size, samples - at)

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmkit.decoding.likelihood import layout_attention, score_rows
+
 # a family's likelihood scorer -> (layout, log-probs over the non-MASK tokens only)
 LAYOUTS = {"masked_elbo": ("masked", False), "masked_elbo_nonmask": ("masked", True),
            "block_elbo": ("block", False), "causal": ("causal", False)}
@@ -193,42 +195,25 @@ class Estimator:
         p, n = len(prompt), len(ids)
         clean = torch.tensor(prompt + ids, dtype=torch.long)
         target = clean[p:]
-        columns = torch.arange(p, p + n)
+        rows = score_rows(self.layout, p, n, block_size=self.block_size, shift=self.shift)
         if self.layout == "causal":
-            return clean.tolist(), columns - 1, target, noise.weight[k]
+            return clean.tolist(), rows, target, noise.weight[k]
         noisy = clean.clone()
         noisy[:p] = torch.where(noise.prompt_masked[k], self.mask_id, noisy[:p])
         noisy[p:] = torch.where(noise.masked[k], self.mask_id, target)
-        rows = columns - self.shift
         if self.layout == "masked":
             return noisy.tolist(), rows, target, noise.weight[k]
         context = clean.clone()  # the clean stream; d1's prompt masking applies to it too
         context[:p] = noisy[:p]
-        if self.shift:  # a block's first token is read from the clean stream's row before it
-            first = columns % self.block_size == 0
-            rows = torch.where(first, p + n + columns - 1, rows)
         return noisy.tolist() + context.tolist(), rows, target, noise.weight[k]
 
     def _forward(self, model, ids: torch.Tensor, length: int) -> torch.Tensor:
         from dlmkit.models import forward_logits
 
         device = ids.device
-        if self.layout == "causal":
-            from dlmkit.masks.causal import padded_causal
-
-            mask, positions = padded_causal(length, None, device=device), \
-                torch.arange(length, device=device)
-        elif self.layout == "masked":
-            from dlmkit.masks.bidirectional import bidirectional
-
-            mask, positions = bidirectional(length, None, device=device), \
-                torch.arange(length, device=device)
-        else:
-            from dlmkit.masks import block_diffusion
-
-            half = length // 2
-            mask = block_diffusion(half, self.block_size, None, device=device)
-            positions = torch.arange(half, device=device).repeat(2)
+        tokens = length // 2 if self.layout == "block" else length  # [x_t | x_0]: two halves
+        mask, positions = layout_attention(self.layout, tokens, block_size=self.block_size,
+                                           device=device)
         logits = forward_logits(model, ids, mask, positions.expand(ids.shape[0], -1))
         logits = logits[..., :self.vocab_size]
         if self.exclude_mask:
