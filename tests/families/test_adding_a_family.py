@@ -99,3 +99,69 @@ def test_mask_predict_is_batch_invariant(registered):
     alone = [generate(model, TOK, [p], cfg, first_index=i).tokens[0]
              for i, p in enumerate(prompts)]
     assert together == alone
+
+
+def _plugin_dir(root, entry: str):
+    """A directory that, on sys.path, holds an installed distribution declaring ``entry`` in
+    the ``dlmkit.families`` entry-point group (what ``pip install`` of a package with
+    ``[project.entry-points."dlmkit.families"]`` leaves in site-packages)."""
+    info = root / "maskpredict_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: maskpredict-plugin\n"
+                                   "Version: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{families.ENTRY_POINTS}]\n{entry}\n")
+    return root
+
+
+def test_an_installed_package_s_family_reaches_every_command(tmp_path):
+    """Declared as an entry point, the family trains, exports and decodes from the command line
+    in a fresh process, without any code calling register()."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    plugins = _plugin_dir(tmp_path / "site", "maskpredict = tests.families.maskpredict")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(plugins), str(root)]))
+    run = tmp_path / "run"
+    sets = [a for item in TINY + ["strategy.name=maskpredict", "train.steps=2"]
+            for a in ("--set", item)]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "dlmkit.cli", *args], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=300)
+
+    done = cli("train", *sets, "--output-dir", str(run))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run / "final" / "dlmkit.json").read_text())["strategy"] == "maskpredict"
+    done = cli("generate", "--model", str(run / "final"), "--prompt", "rev abc",
+               "--max-new-tokens", "4", "--steps", "2", "--no-final-argmax")
+    assert done.returncode == 0, done.stderr
+    # without the entry point the same command does not know the family
+    env["PYTHONPATH"] = str(root)
+    done = cli("generate", "--model", str(run / "final"), "--prompt", "rev abc")
+    assert done.returncode != 0 and "maskpredict" in done.stderr
+
+
+def test_a_broken_plugin_is_skipped_with_a_warning_naming_it(tmp_path, monkeypatch):
+    import importlib
+
+    plugins = _plugin_dir(tmp_path / "site", "broken = no_such_module_here:FAMILY\n"
+                                             "notafamily = json:dumps")
+    monkeypatch.syspath_prepend(str(plugins))
+    importlib.invalidate_caches()
+    before = dict(families._REGISTRY)
+    try:
+        with pytest.warns(UserWarning) as caught:
+            assert families.load_entry_points() == []
+        messages = [str(w.message) for w in caught]
+        assert any("entry point 'broken' (no_such_module_here:FAMILY)" in m
+                   and "ModuleNotFoundError" in m for m in messages), messages
+        assert any("entry point 'notafamily'" in m and "not a dlmkit.families.Family" in m
+                   for m in messages), messages
+        assert families._REGISTRY == before  # the built-in families are all still there
+    finally:
+        families._REGISTRY.clear()
+        families._REGISTRY.update(before)
