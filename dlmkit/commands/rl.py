@@ -8,6 +8,7 @@ EPILOG = """examples:
   dlmkit rl configs/rl-mdlm-addition.yaml --set policy=runs/sft/final
   dlmkit rl CONFIG --set objective.estimator=one_step --set objective.kl_beta=0.04
   dlmkit rl CONFIG --set reward.function=my_rewards:score   # f(prompt, completion, record)
+  dlmkit rl CONFIG --set "lora={r: 16, alpha: 32}" --set objective.kl_beta=0.04   # adapters only
   dlmkit rl --output-dir runs/rl --resume --set train.steps=200   # continue, bit-exactly
   torchrun --nproc-per-node 2 -m dlmkit.cli rl CONFIG
 
@@ -17,7 +18,8 @@ reward.function (exact_answer | numeric_answer | format | module:function), rewa
 rollout.group_size (G), rollout.prompts_per_step, rollout.batch_size, rollout.sampler.<option>
 (the `dlmkit generate` options; null = the export's default), objective.estimator (elbo |
 one_step), objective.samples, objective.prompt_mask_prob, objective.clip_epsilon,
-objective.kl_beta, objective.scale_rewards, objective.updates_per_rollout, train.steps, lr,
+objective.kl_beta, objective.scale_rewards, objective.updates_per_rollout, lora (adapters on
+the policy, merged into final/; the KL reference is then the policy with them off), train.steps, lr,
 warmup_steps, micro_batch_size, max_grad_norm, save_every, log_every, threads, device.
 
 run directory: config.yaml, metrics.jsonl (reward, advantage spread, KL, clip fraction, rollout

@@ -23,6 +23,7 @@ Export (``RUN/final``), from the full state dict, on a fresh copy of the model:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -134,6 +135,30 @@ def _check_adapter_base(model, base) -> None:
         raise ValueError(f"model.lora.export=adapter: the tokenizer needs {vocab} embeddings but "
                          f"the base model {base} has {base_vocab}; the resized rows are not part "
                          "of an adapter: use export: merged")
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module):
+    """Within the block ``model`` computes as its base: every LoRA layer skips its adapter and
+    every ``modules_to_save`` copy gives way to the frozen original (peft's own switch); on
+    exit the adapters are on again and trainable as before. How ``dlmkit rl`` scores the
+    frozen reference of a LoRA policy without a second copy of the model."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    layers = [m for m in model.modules() if isinstance(m, (BaseTunerLayer,
+                                                           ModulesToSaveWrapper))]
+    trainable = {id(q): q.requires_grad for m in layers for q in m.parameters()}
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+        for m in layers:  # peft's switch also flips requires_grad: put back what it was
+            for q in m.parameters():
+                q.requires_grad_(trainable[id(q)])
 
 
 def merge_lora(model: torch.nn.Module) -> torch.nn.Module:

@@ -26,6 +26,11 @@ DEFAULTS: dict = {
     "output_dir": None,          # default: runs/rl-<strategy>-<time>
     "policy": None,              # the SFT export to improve: RUN/final of `dlmkit train`
     "reference": None,           # frozen model of the KL term (null = the policy as loaded)
+    # LoRA on the policy: {r, alpha, dropout, target_modules, modules_to_save} (model.lora's
+    # keys but export: the adapters are merged into RUN/final). Only the adapters train; with
+    # kl_beta > 0 and no reference, the reference is the policy with its adapters off (no
+    # second copy of the model).
+    "lora": None,
     "data": {
         "task": None,            # a bundled task (its prompt/response records), or files
         "task_options": {},
@@ -118,6 +123,17 @@ def validate(config: dict) -> dict:
     need(config["reference"] is None or isinstance(config["reference"], str),
          f"reference must be a model directory or null (the policy), got "
          f"{config['reference']!r}")
+    if config["lora"] is not None:
+        from dlmkit.models.lora import lora_options
+
+        spec = config["lora"]
+        export = spec.get("export", "merged") if isinstance(spec, dict) else "merged"
+        need(export == "merged", f"lora.export: rl writes the trained policy as a model "
+             f"directory of its family, the adapters merged into it; got export={export!r}")
+        try:
+            config["lora"] = {k: v for k, v in lora_options(spec).items() if k != "export"}
+        except ValueError as err:
+            raise ConfigError(str(err).replace("model.lora", "lora")) from None
     need(isinstance(d["files"], list), f"data.files must be a list of paths, got {d['files']!r}")
     need(bool(d["task"]) != bool(d["files"]),
          f"data: give exactly one of data.task (a bundled task) and data.files, got "

@@ -120,11 +120,26 @@ def build_policy(config: dict, world: World) -> Policy:
     sampler = GlobalBatchSampler(len(records), ro["prompts_per_step"], rank=world.rank,
                                  world_size=world.world_size, seed=config["seed"])
     model = loaded.model.float()
-    for p in model.parameters():
-        p.requires_grad_(True)
+    lora = config["lora"]
+    if lora is not None:  # adapters injected in place; everything else frozen
+        from dlmkit.models.lora import apply_lora
+
+        try:
+            # the adapters' random initialisation from the run's seed: the same on every rank
+            # (FSDP2 broadcasts nothing) and in every run of this config
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(config["seed"])
+                apply_lora(model, {**lora, "export": "merged"})
+        except (ValueError, ImportError) as err:
+            raise ConfigError(str(err).replace("model.lora", "lora")) from None
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
     t = config["train"]
     reference = None
-    if config["objective"]["kl_beta"] > 0:
+    # A LoRA policy's own base is its reference: scored with the adapters off, no copy
+    base_reference = lora is not None and config["reference"] is None
+    if config["objective"]["kl_beta"] > 0 and not base_reference:
         try:
             reference = api.load(config["reference"] or config["policy"], device=world.device,
                                  what="reference").model.float().eval()
@@ -137,7 +152,8 @@ def build_policy(config: dict, world: World) -> Policy:
     # with the very weights of one process, and the updates compute in bf16 through autocast,
     # as under DDP.
     model = wrap_model(model, world, t["distributed"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t["lr"], betas=tuple(t["betas"]),
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=t["lr"], betas=tuple(t["betas"]),
                                   weight_decay=t["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, t["warmup_steps"]))
@@ -152,7 +168,10 @@ def build_policy(config: dict, world: World) -> Policy:
                   block_fill=estimator.block_size if estimator.layout == "block" else None,
                   sampler_cfg=sampler_cfg, reward=reward, records=records, sampler=sampler,
                   reference=reference, optimizer=optimizer, scheduler=scheduler,
-                  precision=precision)
+                  precision=precision,
+                  base_reference=base_reference and config["objective"]["kl_beta"] > 0,
+                  trainable=sum(q.numel() for q in trainable),
+                  parameters=sum(q.numel() for q in model.parameters()))
 
 
 def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
@@ -213,6 +232,11 @@ def rl_step(step: int, p: Policy, config: dict, world: World) -> dict:
             old = torch.cat([scores(inner, j) for j in range(len(chunks))])
         if p.reference is not None:
             ref = torch.cat([scores(p.reference, j) for j in range(len(chunks))])
+        elif p.base_reference:  # the LoRA policy's base: the same weights, adapters off
+            from dlmkit.models.lora import adapters_disabled
+
+            with adapters_disabled(inner):
+                ref = torch.cat([scores(inner, j) for j in range(len(chunks))])
     sums = torch.zeros(4, dtype=torch.float64)  # loss, kl, clipped, ratio sum
     grad_norm = float("nan")
     model.train()
@@ -306,7 +330,16 @@ def export_policy(run_dir: Path, p: Policy, config: dict, world: World) -> Path:
                                                                        cpu_offload=True))
     if world.is_main:
         inner = getattr(p.model, "module", p.model)
-        inner.save_pretrained(final, state_dict=state)
+        if config["lora"] is not None:  # the adapters merged into a plain copy of the policy
+            from dlmkit.generate import api
+            from dlmkit.models.lora import apply_lora, save_lora_export
+
+            options = {**config["lora"], "export": "merged"}
+            fresh = apply_lora(api.load(config["policy"], what="policy").model.float(), options)
+            save_lora_export(final, fresh, inner.state_dict() if state is None else state,
+                             options)
+        else:
+            inner.save_pretrained(final, state_dict=state)
         p.tokenizer.save_pretrained(final)
         write_token_ids(final, p.tokenizer)
         meta = {**p.meta, "rl": {"policy": config["policy"],
@@ -382,6 +415,13 @@ def _run(config: dict, world: World, resume: bool, overwrite: bool, held: dict) 
     messages.message(f"rl: {p.family} policy {config['policy']}, {len(p.records)} prompts, "
                      f"{config['rollout']['group_size']} completions each, estimator "
                      f"{config['objective']['estimator']}, sampler {p.sampler_cfg.sampler}")
+    if config["lora"] is not None:
+        lora = config["lora"]
+        messages.message(
+            f"rl: LoRA r={lora['r']} alpha={lora['alpha']} on {lora['target_modules']}: "
+            f"{p.trainable:,} of {p.parameters:,} parameters train"
+            + ("; the KL reference is the policy with its adapters off" if p.base_reference
+               else ""))
     if world.is_main:
         (run_dir / "config.yaml").write_text(dump_yaml(config))
     metrics = held["metrics"] = MetricsLog(run_dir / "metrics.jsonl", world.is_main,

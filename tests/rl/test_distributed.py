@@ -70,9 +70,15 @@ def weights(run_dir):
 LONG = ["rollout.sampler.max_new_tokens=16"]
 
 
+# LoRA on the policy: adapters initialised alike on both ranks (FSDP2 broadcasts nothing),
+# the KL reference scored with the adapters off on the sharded model, a merged export from the
+# gathered state dict.
+LORA = ["lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"]
+
+
 @pytest.mark.parametrize("strategy,block,kind,extra", [
     ("mdlm", None, "ddp", []), ("mdlm", None, "fsdp2", []), ("idlm", 2, "fsdp2", LONG),
-    ("hybrid", 2, "fsdp2", LONG)])
+    ("hybrid", 2, "fsdp2", LONG), ("bd3lm", 2, "fsdp2", LORA)])
 def test_two_ranks_match_one_process(policy, tmp_path, strategy, block, kind, extra):
     path = policy(strategy, block)
     run_cli(args(path, tmp_path / "one", *extra), cwd=ROOT)
