@@ -555,12 +555,14 @@ def adapt_retention(results: Path) -> str:
             "auto_balance": o.get("strategy.auto_balance", False)}
         weight = ("auto" if trained["auto_balance"] else f"{trained['clean_loss_weight']:g}") \
             if r["family"] == "idlm" else "n/a"
-        key = (r["family"], o.get("train.lr", 1e-5), r["steps"], weight)
+        steps = str(r["steps"]) if r["final_step"] == r["steps"] else \
+            f"{r['steps']} (final/: {r['final_step']})"
+        key = (r["family"], o.get("train.lr", 1e-5), steps, weight)
         groups.setdefault(key, []).append(r)
 
     def order(key):
         family, lr, steps, weight = key
-        return (lr, steps, family != "ar", weight == "auto",
+        return (lr, int(steps.split()[0]), family != "ar", weight == "auto",
                 float(weight) if weight not in ("auto", "n/a") else 0.0)
 
     out = []
@@ -569,7 +571,7 @@ def adapt_retention(results: Path) -> str:
         rows = sorted(groups[key], key=lambda r: (r.get("overrides") or {}).get("seed", 0))
         kept = ", ".join(str(r["retained"]) for r in rows)
         share = statistics.median(r["retained"] for r in rows) / rows[0]["ar_recalled"]
-        out.append([family, f"{lr:g}", str(steps), weight, str(len(rows)),
+        out.append([family, f"{lr:g}", steps, weight, str(len(rows)),
                     f"{kept} of {rows[0]['ar_recalled']}", f"{100 * share:.0f}%",
                     f"{statistics.median(r['bpb'] for r in rows):.3f}",
                     f"{statistics.median(r['probe_bpb'] for r in rows):.3f}",
