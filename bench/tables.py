@@ -581,6 +581,28 @@ def adapt_retention(results: Path) -> str:
                      "tokens / forward"], out, "lrrlrrrrrr")
 
 
+@table("adapt-suspects")
+def adapt_suspects(results: Path) -> str:
+    """docs/results/adapt_suspects.jsonl (``bench/adapt_suspects.py``): per bd3lm run, exact
+    recall of the memorised entries by commit order, and the block ELBO's bits/byte with a
+    block- or token-causal clean stream."""
+    runs: dict[str, dict] = {}
+    for r in load("adapt_suspects.jsonl", results):
+        runs.setdefault(r["run"], {})[(r["suspect"], r["variant"])] = r
+    out = []
+    for run, got in runs.items():
+        order = {k[1]: f"{v['retained']} / {v['ar_recalled']}" for k, v in got.items()
+                 if k[0] == "order"}
+        attn = {k[1]: v for k, v in got.items() if k[0] == "clean_attention"}
+        out.append([f"`{run}`", order.get("confidence", ""), order.get("left_to_right", ""),
+                    *(f"{attn[kind][field]:.3f}" if kind in attn else ""
+                      for field in ("held_out_bpb", "probe_bpb") for kind in ("block", "token"))])
+    return markdown(["bd3lm run", "kept: by confidence", "kept: left to right",
+                     "held-out bits/byte: block-causal clean", "token-causal clean",
+                     "probe bits/byte: block-causal clean", "token-causal clean"], out,
+                    "lrrrrrr")
+
+
 def _adapt_markers() -> tuple[str, str]:
     module = _bench_module("adapt")
     return module.TABLE_BEGIN, module.TABLE_END
