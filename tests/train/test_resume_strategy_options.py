@@ -95,3 +95,19 @@ def test_a_family_whose_defaults_never_changed_resumes_an_old_checkpoint_silentl
     plan = plan_resume(cfg, explicit=[])
     assert not plan.former and not plan.forced
     assert plan.config["strategy"] == load_yaml((run / "config.yaml").read_text())["strategy"]
+
+
+def test_an_idlm_checkpoint_without_its_clean_loss_weight_resumes_with_1(tmp_path):
+    """clean_loss_weight became null (1.0 from scratch, 4.0 adapting a causal checkpoint): a
+    checkpoint whose config.yaml does not record it trained with 1.0 and resumes with 1.0,
+    whatever its regime would resolve to today."""
+    from dlmkit.families.idlm.strategy import IDLMStrategy
+
+    run, old = tmp_path / "run", tmp_path / "old"
+    main(cli_args(run, *STEPS[:2], strategy="idlm"))
+    copy_as_crashed_at(run, old, 2)
+    _with_strategy(_checkpoint(old, 2), {"name": "idlm", "block_size": 4})
+    cfg = load_config(None, [*overrides(*STEPS[:2], strategy="idlm"), f"output_dir={old}"])
+    plan = plan_resume(cfg, explicit=[])
+    assert plan.former == {"clean_loss_weight": 1.0} == IDLMStrategy.former_defaults
+    assert plan.config["strategy"]["clean_loss_weight"] == 1.0

@@ -16,6 +16,9 @@ class IDLMStrategy(TwoStreamStrategy):
     options = IDLMTraining
     mask_factory = staticmethod(idlm)
     default_steps = 6000  # why: docs/families/idlm.md#why-these-defaults
+    # A run whose config.yaml does not record clean_loss_weight trained with 1.0, the default
+    # before it depended on the regime: a resume keeps it (dlmkit.train.resume), not 4.0.
+    former_defaults = {"clean_loss_weight": 1.0}
 
     def validate(self) -> None:
         super().validate()
