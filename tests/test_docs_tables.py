@@ -7,7 +7,6 @@ tables had lost their `chat` column).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,21 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import bench_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tables():
-    name = "bench_tables"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "tables.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _copy_pages(tmp_path: Path) -> Path:
-    tables = _tables()
+    tables = bench_script("tables")
     for page in tables.pages(ROOT):
         target = tmp_path / page.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -39,12 +32,12 @@ def _copy_pages(tmp_path: Path) -> Path:
 
 
 def test_every_generated_table_matches_its_results_file():
-    stale, placed = _tables().regenerate(write=False)
+    stale, placed = bench_script("tables").regenerate(write=False)
     assert not stale, ("tables differ from docs/results/*.jsonl (edited by hand, or the data "
                        "changed): run `python bench/tables.py`\n" + "\n".join(stale))
     names = {p.split(": ", 1)[1] for p in placed}
     assert {"suite-byte", "suite-bpe", "suite-seeds", "bd-tiny-eval", "adapt"} <= names
-    assert set(_tables().TABLES) == names, "a table definition is placed in no page"
+    assert set(bench_script("tables").TABLES) == names, "a table definition is placed in no page"
 
 
 def test_a_hand_edited_cell_is_named_and_regenerated(tmp_path):
@@ -55,13 +48,13 @@ def test_a_hand_edited_cell_is_named_and_regenerated(tmp_path):
     cell = text.index("**92.5%**", start)
     page.write_text(text[:cell] + "**99.6%**" + text[cell + len("**92.5%**"):])
 
-    stale, _ = _tables().regenerate(root, write=False)
+    stale, _ = bench_script("tables").regenerate(root, write=False)
     assert stale == ["docs/training.md: suite-byte"]
     assert "**99.6%**" in page.read_text()  # --check rewrites nothing
 
-    _tables().regenerate(root)
+    bench_script("tables").regenerate(root)
     assert page.read_text() == text
-    assert _tables().regenerate(root, write=False)[0] == []
+    assert bench_script("tables").regenerate(root, write=False)[0] == []
 
 
 def test_the_adapt_table_written_by_bench_adapt_is_checked_too(tmp_path):
@@ -69,7 +62,7 @@ def test_the_adapt_table_written_by_bench_adapt_is_checked_too(tmp_path):
     page = root / "docs" / "adapt.md"
     text = page.read_text()
     page.write_text(text.replace("2.741 bits/byte", "2.000 bits/byte", 1))
-    assert _tables().regenerate(root, write=False)[0] == ["docs/adapt.md: adapt"]
+    assert bench_script("tables").regenerate(root, write=False)[0] == ["docs/adapt.md: adapt"]
 
 
 def test_check_exits_1_naming_the_stale_table(tmp_path):
@@ -83,7 +76,7 @@ def test_check_exits_1_naming_the_stale_table(tmp_path):
 
 
 def test_markers_that_name_no_definition_or_never_end_are_errors(tmp_path):
-    tables = _tables()
+    tables = bench_script("tables")
     with pytest.raises(ValueError, match=r"page\.md: unknown table 'suite-typo'; .*suite-byte"):
         tables.sections("<!-- table: suite-typo -->\n<!-- /table -->\n", "page.md")
     with pytest.raises(ValueError, match=r"page\.md: table 'serve' has no '<!-- /table -->'"):
@@ -91,7 +84,7 @@ def test_markers_that_name_no_definition_or_never_end_are_errors(tmp_path):
 
 
 def test_a_cell_listed_for_the_wrong_run_is_an_error(monkeypatch):
-    tables = _tables()
+    tables = bench_script("tables")
     runs = dict(tables.SUITE_RUNS["byte"]["mdlm"], arith="z-ar-arith")
     monkeypatch.setitem(tables.SUITE_RUNS["byte"], "mdlm", runs)
     with pytest.raises(ValueError, match=r"'z-ar-arith' is \('ar', 'arith', 'byte', 0\), "
@@ -102,7 +95,7 @@ def test_a_cell_listed_for_the_wrong_run_is_an_error(monkeypatch):
 def test_a_bad_results_line_names_the_file_and_line(tmp_path):
     (tmp_path / "serve.jsonl").write_text('{"family": "ar"}\nnot json\n')
     with pytest.raises(ValueError, match=r"serve\.jsonl:2: not a JSON line"):
-        _tables().load("serve.jsonl", tmp_path)
+        bench_script("tables").load("serve.jsonl", tmp_path)
 
 
 # -- links -------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """bench/adapt.py: the corpus parsing and split, the --logit-shift check, the table, and the
 smoke size end to end (it fetches Debian's dict-devil package once into the cache)."""
 
-import importlib.util
 import json
 import math
 import os
@@ -12,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import bench_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "adapt.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_adapt", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
-    spec.loader.exec_module(module)
-    return module
 
 
 TEXT = """00-database-short
@@ -41,7 +36,7 @@ justification of ourselves for having wronged him.
 
 
 def test_entries_pair_headword_and_definition():
-    adapt = _module()
+    adapt = bench_script("adapt")
     got = adapt.entries(TEXT, max_bytes=1000)
     assert [h for h, _ in got] == ["ABSURDITY, n.", "ACCOUNTABILITY, n.", "ACCUSE, v.t."]
     assert got[0][1] == "A statement or belief manifestly inconsistent with one's own opinion."
@@ -51,7 +46,7 @@ def test_entries_pair_headword_and_definition():
 
 
 def test_entries_cut_at_a_word_boundary():
-    adapt = _module()
+    adapt = bench_script("adapt")
     for max_bytes in (10, 23, 24, 40):
         for _, body in adapt.entries(TEXT, max_bytes):
             assert len(body.encode()) <= max_bytes
@@ -60,7 +55,7 @@ def test_entries_cut_at_a_word_boundary():
 
 
 def test_split_is_deterministic_and_sized():
-    adapt = _module()
+    adapt = bench_script("adapt")
     heads = [f"WORD{i}, n." for i in range(4000)]
     first = [adapt.split_of(h) for h in heads]
     assert first == [adapt.split_of(h) for h in heads]
@@ -70,7 +65,7 @@ def test_split_is_deterministic_and_sized():
 
 
 def test_probe_entries_are_pretrained_but_never_adapted(tmp_path):
-    adapt = _module()
+    adapt = bench_script("adapt")
     text = tmp_path / "devil.txt"
     words = [f"WORD{i}, n.  Definition number {i} of many." for i in range(300)]
     text.write_text("\n\n".join(words))
@@ -96,7 +91,7 @@ def test_probe_entries_are_pretrained_but_never_adapted(tmp_path):
 def test_logit_shift_off_is_set_explicitly():
     """An adapted run "off" must say strategy.logit_shift=false: left unset, fine-tuning a
     causal checkpoint turns it on (such "off" runs once trained with the shift)."""
-    adapt = _module()
+    adapt = bench_script("adapt")
     assert adapt.shifts_of("bd3lm", "both") == [False, True]
     assert adapt.shifts_of("mdlm", "off") == [False]
     assert adapt.shifts_of("idlm", "both") == [None]  # no such option
@@ -110,7 +105,7 @@ def test_logit_shift_off_is_set_explicitly():
 
 
 def test_arguments_that_contradict_are_refused(capsys):
-    adapt = _module()
+    adapt = bench_script("adapt")
     for argv, message in [
         (["--logit-shift", "on", "--adapt-set", "strategy.logit_shift=false"],
          "--logit-shift on and --adapt-set strategy.logit_shift=False both set the shift"),
@@ -126,7 +121,7 @@ def test_arguments_that_contradict_are_refused(capsys):
 
 
 def test_keep_trained_scores_a_finished_run_without_training(tmp_path, monkeypatch):
-    adapt = _module()
+    adapt = bench_script("adapt")
     calls = []
 
     def fake_run(args, **kw):
@@ -151,7 +146,7 @@ def test_keep_trained_scores_a_finished_run_without_training(tmp_path, monkeypat
 
 
 def test_logit_shift_flag_needs_the_option(monkeypatch):
-    adapt = _module()
+    adapt = bench_script("adapt")
     from dlmkit import strategies
 
     cls = strategies.get("mdlm")
@@ -174,7 +169,7 @@ def _line(adapt, **kw):
 
 
 def test_table_renders_the_newest_batch(tmp_path):
-    adapt = _module()
+    adapt = bench_script("adapt")
     lines = [
         _line(adapt, batch_id="B1", run="pretrain", family="ar", bpb=9.0, curve=[[8, 9.0]]),
         _line(adapt, run="pretrain", family="ar", bpb=2.0, curve=[[4, 2.0]], steps=12,
@@ -234,7 +229,7 @@ def test_smoke_size_end_to_end(tmp_path):
         pytest.skip("the corpus is a Debian package: needs apt-get and dpkg-deb")
     cache = Path(os.environ.get("DLMKIT_BENCH_CACHE", "~/.cache/dlmkit-bench")).expanduser()
     try:  # a machine without Debian's package lists or network cannot fetch it: not a failure
-        _module().fetch_corpus(cache)
+        bench_script("adapt").fetch_corpus(cache)
     except SystemExit as err:
         pytest.skip(f"the corpus could not be fetched here: {str(err)[:300]}")
     results = tmp_path / "adapt.jsonl"
@@ -305,7 +300,7 @@ def test_elbo_reads_the_trained_logit_shift(monkeypatch):
     import dlmkit.decoding.likelihood as likelihood
     from dlmkit.data import load_tokenizer
 
-    adapt = _module()
+    adapt = bench_script("adapt")
     seen = []
 
     def fake_elbo(scorer, runner, prompt, cont, **kw):
@@ -324,7 +319,7 @@ def test_elbo_reads_the_trained_logit_shift(monkeypatch):
 
 
 def test_the_causal_sampler_of_a_family_with_a_causal_stream():
-    adapt = _module()
+    adapt = bench_script("adapt")
     assert adapt.causal_sampler("hybrid") == "ar" and adapt.causal_sampler("idlm") == "ar"
     assert adapt.causal_sampler("bd3lm") is None and adapt.causal_sampler("ar") is None
 
@@ -332,7 +327,7 @@ def test_the_causal_sampler_of_a_family_with_a_causal_stream():
 def test_training_runs_the_dlmkit_of_the_bench_s_own_tree(tmp_path, monkeypatch):
     """Started from another directory that has a ``dlmkit`` package (another checkout), the
     child must still train with the code of the tree whose commit the results name."""
-    adapt = _module()
+    adapt = bench_script("adapt")
     calls = []
     monkeypatch.setattr(adapt.subprocess, "run", lambda args, **kw: calls.append(args) or
                         subprocess.CompletedProcess(args, 0))

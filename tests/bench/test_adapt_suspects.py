@@ -3,29 +3,17 @@ patches of the scorers' layout and the samplers' commit order, undone on exit.""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "adapt_suspects.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_adapt_suspects", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_adapt_suspects"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import bench_script
 
 
 @pytest.mark.parametrize("seq_len,block", [(4, 2), (7, 3), (5, 1), (6, 6)])
 def test_token_causal_clean_mask_is_bd3lm_s_but_the_clean_stream(seq_len, block):
     from dlmkit.masks import block_diffusion
 
-    got = _module().token_causal_clean(seq_len, block).dense()[0, 0]
+    got = bench_script("adapt_suspects").token_causal_clean(seq_len, block).dense()[0, 0]
     L = seq_len
     want = torch.zeros(2 * L, 2 * L, dtype=torch.bool)
     for q in range(2 * L):
@@ -45,7 +33,7 @@ def test_token_causal_clean_mask_is_bd3lm_s_but_the_clean_stream(seq_len, block)
 def test_the_patches_are_undone_and_order_left_to_right():
     from dlmkit.decoding import commit, likelihood
 
-    suspects = _module()
+    suspects = bench_script("adapt_suspects")
     layout, confidence = likelihood.layout_attention, commit.confidence
     with suspects.clean_attention("token"):
         assert likelihood.layout_attention is not layout

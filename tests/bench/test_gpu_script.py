@@ -1,7 +1,6 @@
 """bench/gpu.py: its CPU mode (forward-only flex vs SDPA for every registered strategy) runs
 and passes, and its padded batches have the padding they claim."""
 
-import importlib.util
 import json
 import math
 import os
@@ -13,19 +12,15 @@ import torch
 
 from dlmkit import strategies
 from dlmkit.data import Collator
+from tests.scripts import bench_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_padded_batches():
-    gpu = _module()
+    gpu = bench_script("gpu")
     collator = Collator(pad_token_id=0, eos_token_id=1, max_seq_len=32)
     none = gpu.padded_batch(collator, 32, "none")
     assert bool((none["attention_valid"] == 1).all())
@@ -73,7 +68,7 @@ def test_a_wrong_block_mask_fails_the_check(monkeypatch):
     import dlmkit.masks.core as core
     from dlmkit.masks import bidirectional
 
-    gpu = _module()
+    gpu = bench_script("gpu")
     right = core.Mask.block_mask
 
     def wrong(self, block_size=128):
@@ -93,7 +88,7 @@ def test_train_section_fits_each_family_in_its_models_positions(tmp_path):
     """A family whose own model holds fewer positions than --train-seq-len (the tiny
     DiffusionGemma, 1024) trains at what it can take instead of failing (as it did on the
     first CUDA run); the others keep the length asked for."""
-    gpu = _module()
+    gpu = bench_script("gpu")
     assert gpu.preset_max_positions("tiny-diffusion-gemma") == 1024
     assert gpu.preset_max_positions("small-llama") == 2048
     assert gpu.preset_max_positions("/some/model/dir") is None

@@ -1,33 +1,22 @@
 """bench/serve.py: option parsing and errors, the task's requests, and a small run end to end
 (a live server, scored answers, a profile line)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "serve.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_serve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import bench_script
 
 
 def test_option_values_and_labels():
-    bench = _module()
+    bench = bench_script("serve")
     assert [bench.option_value(v) for v in ("0.9", "4", "prefix", "true", "null")] == [
         0.9, 4, "prefix", True, None]
     assert bench.family_of("bd3lm/fast") == "bd3lm" and bench.family_of("ar") == "ar"
 
 
 def test_task_requests_carry_their_references_and_options():
-    bench = _module()
+    bench = bench_script("serve")
     bodies, references = bench.requests(5, 8, "reverse", {"threshold": 0.9})
     from dlmkit.data.tasks import get_task
 
@@ -48,7 +37,7 @@ def test_task_requests_carry_their_references_and_options():
 ])
 def test_bad_arguments_are_named(argv, message):
     with pytest.raises(SystemExit, match=message):
-        _module().main(argv)
+        bench_script("serve").main(argv)
 
 
 @pytest.mark.slow
@@ -56,9 +45,9 @@ def test_a_small_scored_run_end_to_end(tmp_path):
     """Two client counts against a live server over a tiny random-weight ar export: every
     request answered, the served tokens equal serial decoding's, a profile line first."""
     out = tmp_path / "serve.jsonl"
-    assert _module().main(["--family", "ar", "--clients", "1", "3", "--requests", "6",
-                           "--max-tokens", "4", "--task", "reverse", "--profile",
-                           "--batch-wait-ms", "0", "--output", str(out)]) == 0
+    assert bench_script("serve").main([
+        "--family", "ar", "--clients", "1", "3", "--requests", "6", "--max-tokens", "4",
+        "--task", "reverse", "--profile", "--batch-wait-ms", "0", "--output", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["bench"] for r in rows] == ["serve_profile", "serve", "serve"]
     profile = rows[0]

@@ -1,22 +1,11 @@
 """bench/rl_demo.py: the demonstration's SFT data (which answers are respelled) and a run's
 summary record."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "rl_demo.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_rl_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import bench_script
 
 
 def read(path):
@@ -26,7 +15,7 @@ def read(path):
 def test_mixed_data_respells_only_even_answers_and_keeps_the_problems(tmp_path):
     from dlmkit.data.tasks import get_task
 
-    demo = _module()
+    demo = bench_script("rl_demo")
     out = tmp_path / "even.jsonl"
     changed = demo.mixed_data("train", 400, 0.75, 0, str(out), "dot", even_only=True)
     rows = read(out)
@@ -46,7 +35,7 @@ def test_mixed_data_respells_only_even_answers_and_keeps_the_problems(tmp_path):
 
 
 def test_mixed_data_pad_spelling_and_argument_errors(tmp_path, capsys):
-    demo = _module()
+    demo = bench_script("rl_demo")
     out = tmp_path / "pad.jsonl"
     demo.mixed_data("validation", 50, 1.0, 0, str(out), "pad")
     assert all(len(r["response"]) >= 3 and r["response"].isdigit() for r in read(out))
@@ -59,7 +48,7 @@ def test_run_summary_reads_config_and_metrics(tmp_path):
     from dlmkit.rl import DEFAULTS
     from dlmkit.train.config import dump_yaml
 
-    demo = _module()
+    demo = bench_script("rl_demo")
     config = json.loads(json.dumps(DEFAULTS))
     config["policy"] = "somewhere/final"
     (tmp_path / "config.yaml").write_text(dump_yaml(config))
