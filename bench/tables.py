@@ -359,6 +359,28 @@ def serve_serial(results: Path) -> str:
     return markdown(["served model", *serial], rows)
 
 
+def _median(values, fmt: str) -> str:
+    return format(statistics.median(values), fmt)
+
+
+def _range(values, fmt: str) -> str:
+    """``lo–hi`` of ``values``, each written with ``fmt``."""
+    v = sorted(values)
+    return f"{format(v[0], fmt)}–{format(v[-1], fmt)}"
+
+
+def _spread(values, fmt: str) -> tuple[str, str]:
+    """The median of ``values`` and their range, the two cells of a table."""
+    v = list(values)
+    return _median(v, fmt), _range(v, fmt)
+
+
+def _answered(rows: list[dict]) -> list[str]:
+    """The failed requests of the runs ``rows``, summed, and their exact-match figures."""
+    return [str(sum(r["failed"] for r in rows)),
+            " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows}))]
+
+
 @table("serve-repeats")
 def serve_repeats(results: Path) -> str:
     """Every scored run (``--task``) of the results file, per served model at 16 and 64
@@ -370,13 +392,9 @@ def serve_repeats(results: Path) -> str:
             groups.setdefault((r["clients"], r.get("label", r["family"])), []).append(r)
     out = []
     for (clients, label), rows in sorted(groups.items()):
-        speed = sorted(r["tokens_per_s"] for r in rows)
-        ratio = sorted(r["vs_serial"] for r in rows)
-        exact = sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})
-        out.append([label, str(clients), str(len(rows)), f"{statistics.median(speed):.0f}",
-                    f"{speed[0]:.0f}–{speed[-1]:.0f}", f"{statistics.median(ratio):.2f}",
-                    f"{ratio[0]:.2f}–{ratio[-1]:.2f}", str(sum(r["failed"] for r in rows)),
-                    " / ".join(exact)])
+        out.append([label, str(clients), str(len(rows)),
+                    *_spread((r["tokens_per_s"] for r in rows), ".0f"),
+                    *_spread((r["vs_serial"] for r in rows), ".2f"), *_answered(rows)])
     return markdown(["served model", "clients", "runs", "tokens/s (median)", "range",
                      "× serial (median)", "range", "failed", "exact match"], out, "lrrrrrrrr")
 
@@ -392,14 +410,10 @@ def serve_quiet(results: Path) -> str:
     out = []
     for (clients, label, logged), rows in sorted(groups.items(), key=lambda g: (
             g[0][0], g[0][1], not g[0][2])):
-        speed = sorted(r["tokens_per_s"] for r in rows)
-        loads = sorted(r["load_before"] for r in rows)
         out.append([label, str(clients), "on" if logged else "off", str(len(rows)),
-                    f"{statistics.median(speed):.0f}", f"{speed[0]:.0f}–{speed[-1]:.0f}",
-                    f"{statistics.median(r['vs_serial'] for r in rows):.2f}",
-                    str(sum(r["failed"] for r in rows)),
-                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
-                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+                    *_spread((r["tokens_per_s"] for r in rows), ".0f"),
+                    _median((r["vs_serial"] for r in rows), ".2f"), *_answered(rows),
+                    _range((r["load_before"] for r in rows), ".1f")])
     return markdown(["served model", "clients", "access log", "runs", "tokens/s (median)",
                      "range", "× serial (median)", "failed", "exact match", "load"], out,
                     "lrlrrrrrrl")
@@ -416,17 +430,12 @@ def serve_long(results: Path) -> str:
             groups.setdefault((r["clients"], r["label"]), []).append(r)
     out = []
     for (clients, label), rows in sorted(groups.items()):
-        speed = sorted(r["tokens_per_s"] for r in rows)
-        ratio = sorted(r["vs_serial"] for r in rows)
-        loads = sorted(r["load_before"] for r in rows)
-        out.append([label, str(clients), str(len(rows)), f"{statistics.median(speed):.0f}",
-                    f"{speed[0]:.0f}–{speed[-1]:.0f}", f"{statistics.median(ratio):.2f}",
-                    f"{ratio[0]:.2f}–{ratio[-1]:.2f}",
-                    f"{statistics.median(r['serial_tokens_per_s'] for r in rows):.0f}",
-                    f"{statistics.median(r['batch_rows'] for r in rows):.1f}",
-                    str(sum(r["failed"] for r in rows)),
-                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
-                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+        out.append([label, str(clients), str(len(rows)),
+                    *_spread((r["tokens_per_s"] for r in rows), ".0f"),
+                    *_spread((r["vs_serial"] for r in rows), ".2f"),
+                    _median((r["serial_tokens_per_s"] for r in rows), ".0f"),
+                    _median((r["batch_rows"] for r in rows), ".1f"), *_answered(rows),
+                    _range((r["load_before"] for r in rows), ".1f")])
     return markdown(["served model", "clients", "runs", "tokens/s (median)", "range",
                      "× serial (median)", "range", "serial tokens/s", "batch rows", "failed",
                      "exact match", "load"], out, "lrrrrrrrrrrl")
@@ -442,16 +451,13 @@ def serve_wait(results: Path) -> str:
         groups.setdefault((r["clients"], r["label"], r["batch_wait_ms"]), []).append(r)
     out = []
     for (clients, label, wait), rows in sorted(groups.items()):
-        speed = sorted(r["tokens_per_s"] for r in rows)
-        loads = sorted(r["load_before"] for r in rows)
         out.append([label, str(clients), f"{wait:g}", str(len(rows)),
-                    f"{statistics.median(speed):.0f}", f"{speed[0]:.0f}–{speed[-1]:.0f}",
-                    f"{statistics.median(r['vs_serial'] for r in rows):.2f}",
-                    f"{statistics.median(r['batch_rows'] for r in rows):.1f}",
+                    *_spread((r["tokens_per_s"] for r in rows), ".0f"),
+                    _median((r["vs_serial"] for r in rows), ".2f"),
+                    _median((r["batch_rows"] for r in rows), ".1f"),
                     f"{1000 * statistics.median(r['p50_s'] for r in rows):.1f}",
-                    str(sum(r["failed"] for r in rows)),
-                    " / ".join(sorted({f"{100 * r['exact_match']:.1f}%" for r in rows})),
-                    f"{loads[0]:.1f}–{loads[-1]:.1f}"])
+                    *_answered(rows),
+                    _range((r["load_before"] for r in rows), ".1f")])
     return markdown(["served model", "clients", "wait ms", "runs", "tokens/s (median)", "range",
                      "× serial (median)", "batch rows", "p50 ms", "failed", "exact match",
                      "load"], out, "lrrrrrrrrrrl")
