@@ -15,7 +15,7 @@ from dlmkit.rl.loop import build_policy, resume_config
 from dlmkit.train.config import ConfigError
 from dlmkit.train.distributed import World
 
-from .test_loop import config_for, records, weights
+from .test_loop import check_resume_is_bit_exact, config_for, records, weights
 
 pytest.importorskip("peft")
 CPU = World(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -74,12 +74,7 @@ def test_a_lora_policy_trains_only_its_adapters_and_exports_merged(policy, tmp_p
 def test_a_lora_run_resumes_bit_exactly(policy, tmp_path):
     path = policy("bd3lm", 2)
     extra = [LORA, "objective.kl_beta=0.1", "objective.updates_per_rollout=2"]
-    straight = run(config_for(path, tmp_path / "straight", *extra))
-    first = run(config_for(path, tmp_path / "resumed", *extra, "train.steps=2"))
-    resumed = run(resume_config(first, ["train.steps=3"]), resume=True)
-    a, b = weights(straight), weights(resumed)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert records(straight) == records(resumed)
+    _, first = check_resume_is_bit_exact(path, tmp_path, extra)
     with pytest.raises(ConfigError, match=r"--set lora.r would change what the run trains"):
         resume_config(first, ["lora.r=8"])
 
