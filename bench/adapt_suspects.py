@@ -110,8 +110,6 @@ def commit_order(kind: str):
 
 
 def measure(work: Path, runs: list[str], mc_samples: int) -> list[dict]:
-    import torch
-
     from dlmkit.generate.api import load
 
     adapt = _adapt()
@@ -119,7 +117,6 @@ def measure(work: Path, runs: list[str], mc_samples: int) -> list[dict]:
             for name in ("held_out", "probe")}
     size = adapt.SIZES["documented"]
     held, probe = data["held_out"][:size.eval_entries], data["probe"][:size.probe_entries]
-    torch.manual_seed(0)
     ar_recalled = adapt.recall(load(work / "pretrain-ar" / "final"), probe)
     lines = []
     for run in runs:
