@@ -414,6 +414,17 @@ def score_run(run_dir: Path, held_out: list[dict], probe: list[dict], mc_samples
             [r["prompt"] for r, ok in zip(probe, by_causal) if ok]}
 
 
+def retention(scores: dict, ar_recalled: set) -> dict:
+    """What a run (:func:`score_run`'s ``scores``) still recalls of the probe entries the
+    pretrained AR model recalled: by its own sampler, and by the causal sampler where it has
+    a causal stream."""
+    out = {"retained": len(ar_recalled & set(scores["recalled"])),
+           "ar_recalled": len(ar_recalled)}
+    if scores["recalled_causal"] is not None:
+        out["retained_causal"] = len(ar_recalled & set(scores["recalled_causal"]))
+    return out
+
+
 def steps_of(run_dir: Path) -> tuple[int, int]:
     """``(steps trained, step of final/)``: early stopping may end a run before its budget, and
     ``final/`` is the best step by validation loss unless the run kept the last."""
@@ -532,11 +543,7 @@ def run_benchmark(args) -> list[dict]:
                 "score_wall_s": round(time.perf_counter() - start, 1),
                 "load_avg": [round(x, 2) for x in load_before]}
         if ar_recalled is not None:
-            kept = ar_recalled & set(s["recalled"])
-            line["retained"] = len(kept)
-            line["ar_recalled"] = len(ar_recalled)
-            if s["recalled_causal"] is not None:
-                line["retained_causal"] = len(ar_recalled & set(s["recalled_causal"]))
+            line.update(retention(s, ar_recalled))
         if ar_bpb is not None:
             line["ar_bpb"] = ar_bpb
             line["steps_within_10pct"] = next(
@@ -669,10 +676,7 @@ def rescore(args) -> list[dict]:
         line["steps_within_10pct"] = next(
             (step for step, bpb in s["curve"] if bpb <= 1.1 * ar_bpb), None)
         if line["run"] == "adapted":
-            line["retained"] = len(ar_recalled & set(s["recalled"]))
-            line["ar_recalled"] = len(ar_recalled)
-            if s["recalled_causal"] is not None:
-                line["retained_causal"] = len(ar_recalled & set(s["recalled_causal"]))
+            line.update(retention(s, ar_recalled))
         print(json.dumps(line), flush=True)
     results.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return mine
