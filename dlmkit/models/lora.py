@@ -37,43 +37,44 @@ DEFAULTS = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear",
 EXPORTS = ("merged", "adapter")
 
 
-def lora_options(spec) -> dict:
-    """``model.lora`` validated and completed with :data:`DEFAULTS`."""
+def lora_options(spec, key: str = "model.lora") -> dict:
+    """``model.lora`` validated and completed with :data:`DEFAULTS`; ``key``: the config key
+    its messages name (``dlmkit rl``'s is ``lora``)."""
     if not isinstance(spec, Mapping):
-        raise ValueError(f"model.lora must be a mapping {{r, alpha, dropout, target_modules, "
+        raise ValueError(f"{key} must be a mapping {{r, alpha, dropout, target_modules, "
                          f"export}} or null, got {spec!r}")
     unknown = sorted(set(spec) - set(DEFAULTS))
     if unknown:
-        raise ValueError(f"model.lora: unknown key(s) {unknown}; valid: {sorted(DEFAULTS)}")
+        raise ValueError(f"{key}: unknown key(s) {unknown}; valid: {sorted(DEFAULTS)}")
     out = {**DEFAULTS, **spec}
     r, alpha, dropout = out["r"], out["alpha"], out["dropout"]
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        raise ValueError(f"model.lora.r must be an int >= 1, got {r!r}")
+        raise ValueError(f"{key}.r must be an int >= 1, got {r!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
-        raise ValueError(f"model.lora.alpha must be a number > 0, got {alpha!r}")
+        raise ValueError(f"{key}.alpha must be a number > 0, got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
             or not 0 <= dropout < 1:
-        raise ValueError(f"model.lora.dropout must be a number in [0, 1), got {dropout!r}")
+        raise ValueError(f"{key}.dropout must be a number in [0, 1), got {dropout!r}")
     targets = out["target_modules"]
     if targets != "all-linear" and not (
             isinstance(targets, list) and targets
             and all(isinstance(t, str) and t for t in targets)):
-        raise ValueError(f"model.lora.target_modules must be 'all-linear' or a non-empty list "
+        raise ValueError(f"{key}.target_modules must be 'all-linear' or a non-empty list "
                          f"of module names (e.g. [q_proj, v_proj]), got {targets!r}")
     extra = out["modules_to_save"]
     if not (isinstance(extra, list) and all(isinstance(t, str) and t for t in extra)):
-        raise ValueError(f"model.lora.modules_to_save must be a list of module names (e.g. "
+        raise ValueError(f"{key}.modules_to_save must be a list of module names (e.g. "
                          f"[embed_tokens, lm_head]), got {extra!r}")
     if out["export"] not in EXPORTS:
-        raise ValueError(f"model.lora.export must be one of {EXPORTS}, got {out['export']!r}")
+        raise ValueError(f"{key}.export must be one of {EXPORTS}, got {out['export']!r}")
     return out
 
 
-def _peft():
+def _peft(key: str = "model.lora"):
     try:
         import peft
     except ImportError:
-        raise ImportError("model.lora needs peft: pip install dlmkit[lora]") from None
+        raise ImportError(f"{key} needs peft: pip install dlmkit[lora]") from None
     return peft
 
 
@@ -92,33 +93,33 @@ def _peft_config(options: dict):
 
 
 def apply_lora(model: torch.nn.Module, options: Mapping, *,
-               base: str | os.PathLike | None = None) -> torch.nn.Module:
+               base: str | os.PathLike | None = None, key: str = "model.lora") -> torch.nn.Module:
     """Inject LoRA adapters into ``model`` in place and freeze everything else.
 
     ``base`` is the local directory the model was loaded from (``model.name``), required for
-    ``export: adapter``.
+    ``export: adapter``; ``key`` the config key the messages name.
 
     Raises:
         ValueError: a target module the model lacks (names the linear layers it has), or an
             adapter export without a usable base directory.
     """
-    options = lora_options(dict(options))
+    options = lora_options(dict(options), key)
     targets = options["target_modules"]
     if targets != "all-linear":
         have = linear_module_names(model)
         missing = [t for t in targets if t not in have]
         if missing:
-            raise ValueError(f"model.lora.target_modules: {type(model).__name__} has no linear "
+            raise ValueError(f"{key}.target_modules: {type(model).__name__} has no linear "
                              f"layer named {missing}; its linear layers: {have} (or use "
                              "'all-linear')")
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [m for m in options["modules_to_save"] if m not in names]
     if missing:
-        raise ValueError(f"model.lora.modules_to_save: {type(model).__name__} has no module "
+        raise ValueError(f"{key}.modules_to_save: {type(model).__name__} has no module "
                          f"named {missing}; e.g. {sorted(n for n in names if not n.isdigit())}")
     if options["export"] == "adapter":
         _check_adapter_base(model, base)
-    _peft().inject_adapter_in_model(_peft_config(options), model)
+    _peft(key).inject_adapter_in_model(_peft_config(options), model)
     return model
 
 

@@ -131,9 +131,10 @@ def validate(config: dict) -> dict:
         need(export == "merged", f"lora.export: rl writes the trained policy as a model "
              f"directory of its family, the adapters merged into it; got export={export!r}")
         try:
-            config["lora"] = {k: v for k, v in lora_options(spec).items() if k != "export"}
+            config["lora"] = {k: v for k, v in lora_options(spec, "lora").items()
+                              if k != "export"}
         except ValueError as err:
-            raise ConfigError(str(err).replace("model.lora", "lora")) from None
+            raise ConfigError(str(err)) from None
     need(isinstance(d["files"], list), f"data.files must be a list of paths, got {d['files']!r}")
     need(bool(d["task"]) != bool(d["files"]),
          f"data: give exactly one of data.task (a bundled task) and data.files, got "

@@ -129,9 +129,9 @@ def build_policy(config: dict, world: World) -> Policy:
             # (FSDP2 broadcasts nothing) and in every run of this config
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(config["seed"])
-                apply_lora(model, {**lora, "export": "merged"})
+                apply_lora(model, {**lora, "export": "merged"}, key="lora")
         except (ValueError, ImportError) as err:
-            raise ConfigError(str(err).replace("model.lora", "lora")) from None
+            raise ConfigError(str(err)) from None
     else:
         for p in model.parameters():
             p.requires_grad_(True)
